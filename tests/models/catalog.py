@@ -1,0 +1,88 @@
+"""Where the test-corpus ONNX models are, and how to feed them.
+
+Import as ``from models.catalog import ...`` with ``tests/`` on ``sys.path``.
+
+* ``SHARED_MODELS_DIR``: ``shared/models`` beside the repo checkout (CI clones
+  the repo elsewhere but lays ``shared/`` beside it too).
+* ``EXPORTED_DIR``: ``tests/models/exported``, real torch.onnx exports (see its
+  README.md and export.py).
+* ``EXPORTED_MODELS`` / ``SHARED_MODELS``: ``(filename, {input name: shape})``
+  with the shapes the files were exported with.  TorchScript files (no
+  ``_dynamo``) have a dynamic batch axis 0 named ``batch``; dynamo files are
+  static.
+* ``zoo9_model(name, with_weights=False)``: the opset-9 model-zoo look-alikes
+  of ``models.zoo9``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import onnx
+
+from models.zoo9 import ZOO9
+
+SHARED_MODELS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "models"
+EXPORTED_DIR = Path(__file__).resolve().parent / "exported"
+
+InputShapes = Dict[str, List[int]]
+
+EXPORTED_MODELS: List[Tuple[str, InputShapes]] = [
+    ("gpt2_tiny.onnx", {"input_ids": [2, 16]}),
+    ("gpt2_tiny_dynamo.onnx", {"input_ids": [2, 16]}),
+    ("vit_tiny.onnx", {"pixel_values": [2, 3, 32, 32]}),
+    ("vit_tiny_dynamo.onnx", {"pixel_values": [2, 3, 32, 32]}),
+    ("dlrm_tiny.onnx", {"dense": [2, 13], "sparse": [2, 3]}),
+    ("dlrm_tiny_dynamo.onnx", {"dense": [2, 13], "sparse": [2, 3]}),
+    ("inception_tiny.onnx", {"x": [2, 3, 32, 32]}),
+    ("inception_tiny_dynamo.onnx", {"x": [2, 3, 32, 32]}),
+]
+
+SHARED_MODELS: List[Tuple[str, InputShapes]] = [
+    ("bert_tiny.onnx", {"input_ids": [4, 32]}),
+    ("bert_tiny_dynamo.onnx", {"input_ids": [4, 32]}),
+    ("convnet_tiny.onnx", {"x": [4, 3, 16, 16]}),
+    ("convnet_tiny_dynamo.onnx", {"x": [4, 3, 16, 16]}),
+]
+
+# Exclusive upper bound for integer inputs (vocabulary / embedding-table rows).
+INT_INPUT_HIGH = {"input_ids": 500, "sparse": 1000}
+
+ZOO9_NAMES: Tuple[str, ...] = tuple(ZOO9)
+
+
+def zoo9_model(name: str, with_weights: bool = False) -> onnx.ModelProto:
+    """A ``models.zoo9`` model: shape-only (external, absent weights) by default."""
+    try:
+        builder = ZOO9[name]
+    except KeyError:
+        raise KeyError(f"unknown zoo9 model {name!r}; known: {', '.join(ZOO9)}") from None
+    return builder(with_weights=with_weights)
+
+
+def random_feed(model: onnx.ModelProto, shapes: InputShapes,
+                seed: int = 0) -> Dict[str, np.ndarray]:
+    """Random inputs of the given shapes, with each input's dtype taken from the
+    model (int64 inputs drawn below ``INT_INPUT_HIGH``, default 10)."""
+    rng = np.random.default_rng(seed)
+    types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    feed = {}
+    for name, shape in shapes.items():
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(types[name])
+        if np.issubdtype(dtype, np.integer):
+            feed[name] = rng.integers(0, INT_INPUT_HIGH.get(name, 10), shape).astype(dtype)
+        else:
+            feed[name] = rng.standard_normal(shape).astype(dtype)
+    return feed
+
+
+def model_path(filename: str, folder: Optional[Path] = None) -> Path:
+    """Path of an exported (default) or shared model file."""
+    return (folder or EXPORTED_DIR) / filename
+
+
+def list_exported(which: Sequence[Tuple[str, InputShapes]] = EXPORTED_MODELS,
+                  folder: Optional[Path] = None) -> List[Tuple[Path, InputShapes]]:
+    """``(path, shapes)`` for the files of a list that exist on disk."""
+    return [(model_path(f, folder), s) for f, s in which if model_path(f, folder).is_file()]

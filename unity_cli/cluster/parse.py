@@ -1,0 +1,306 @@
+"""The cluster YAML format: reading it, validating it, and saying exactly what is wrong.
+
+Structure (keys, types, required fields) is checked by a JSON schema; quantities with
+units, positivity and device-type references are checked here. Every problem becomes
+one ``ClusterSpecError`` line ``<file>: <field path>: <what is wrong>``, e.g.
+``bad.yaml: nodes[1].intra_link.bandwidth: must be a positive quantity, got -5 GB/s``.
+The format itself is documented in ``cluster_specs/README.md``.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from unity_cli.cluster.spec import (
+    DTYPES,
+    ClusterSpec,
+    DeviceKind,
+    DeviceType,
+    Link,
+    NodeSpec,
+    default_launch_overhead,
+)
+from unity_cli.cluster.units import Dimension, format_quantity, parse_quantity
+from unity_cli.errors import ClusterSpecError
+
+__all__ = ["load_cluster", "parse_cluster"]
+
+_QUANTITY: dict[str, Any] = {"type": ["number", "string"]}
+_LINK: dict[str, Any] = {
+    "type": "object",
+    "properties": {"bandwidth": _QUANTITY, "latency": _QUANTITY},
+    "required": ["bandwidth", "latency"],
+    "additionalProperties": False,
+}
+_DEVICE_TYPE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": [kind.value for kind in DeviceKind]},
+        "peak_flops": {
+            "type": "object",
+            "properties": {dtype: _QUANTITY for dtype in DTYPES},
+            "additionalProperties": False,
+            "minProperties": 1,
+        },
+        "memory": {
+            "type": "object",
+            "properties": {"bandwidth": _QUANTITY, "capacity": _QUANTITY},
+            "required": ["bandwidth", "capacity"],
+            "additionalProperties": False,
+        },
+        "launch_overhead": _QUANTITY,
+    },
+    "required": ["kind", "peak_flops", "memory"],
+    "additionalProperties": False,
+}
+_NODE_FIELDS: dict[str, Any] = {
+    "device": {"type": "string", "minLength": 1},
+    "devices": {"type": "integer", "minimum": 1},
+    "intra_link": _LINK,
+}
+_GROUP_KEYWORDS: dict[str, Any] = {
+    "properties": {
+        **_NODE_FIELDS,
+        "count": {"type": "integer", "minimum": 1},
+        "name": {"type": "string", "minLength": 1},
+    },
+    "additionalProperties": False,
+}
+_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "device_types": {
+            "type": "object", "minProperties": 1, "additionalProperties": _DEVICE_TYPE,
+        },
+        "node_defaults": {
+            "type": "object", "properties": _NODE_FIELDS, "additionalProperties": False,
+        },
+        # One group (a mapping) or a list of groups: object keywords apply to the
+        # former, "items" to the latter.
+        "nodes": {
+            "type": ["object", "array"], "minItems": 1,
+            "items": {"type": "object", **_GROUP_KEYWORDS}, **_GROUP_KEYWORDS,
+        },
+        "inter_node_link": _LINK,
+    },
+    "required": ["name", "device_types", "nodes"],
+    "additionalProperties": False,
+}
+_VALIDATOR = jsonschema.Draft202012Validator(_SCHEMA)
+_TYPE_WORDS = {
+    "object": "a mapping", "array": "a list", "string": "a string",
+    "integer": "an integer", "number": "a number",
+}
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that rejects duplicate keys (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float)):
+                continue  # unhashable keys are left to the base class to reject
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
+    """Read and validate a cluster YAML; every problem is one ``ClusterSpecError`` line."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClusterSpecError(f"{source}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ClusterSpecError(f"{source}: cannot read: {reason}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ClusterSpecError(f"{source}: {where}YAML does not parse: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ClusterSpecError(f"{source}: YAML does not parse: {exc}") from None
+    if data is None:
+        raise ClusterSpecError(f"{source}: file is empty")
+    return parse_cluster(data, source)
+
+
+def parse_cluster(data: object, source: str) -> ClusterSpec:
+    """Validate parsed YAML/JSON ``data`` and build the spec; ``source`` prefixes errors."""
+    if not isinstance(data, Mapping):
+        raise ClusterSpecError(f"{source}: top level must be a mapping, got {_kind(data)}")
+    errors = sorted(_VALIDATOR.iter_errors(data), key=_error_order)
+    if errors:
+        raise _schema_error(source, errors[0])
+    types: dict[str, DeviceType] = {}
+    for name, body in data["device_types"].items():
+        if not isinstance(name, str):
+            raise _error(source, "device_types", f"names must be strings, got {name!r}")
+        types[name] = _device_type(name, body, source, f"device_types.{name}")
+    defaults = data.get("node_defaults", {})
+    if "device" in defaults:
+        _lookup(types, defaults["device"], source, "node_defaults.device")
+    if "intra_link" in defaults:
+        _link(defaults["intra_link"], source, "node_defaults.intra_link")
+    groups = data["nodes"]
+    nodes: list[NodeSpec] = []
+    names: set[str] = set()
+    for index, group in enumerate([groups] if isinstance(groups, Mapping) else groups):
+        here = "nodes" if isinstance(groups, Mapping) else f"nodes[{index}]"
+        merged = {**defaults, **group}
+        for key in ("device", "devices", "intra_link"):
+            if key not in merged:
+                raise _error(source, f"{here}.{key}",
+                             "missing required field (set it here or in node_defaults)")
+        device = _lookup(types, merged["device"], source, _field(group, here, "device"))
+        link = _link(merged["intra_link"], source, _field(group, here, "intra_link"))
+        count = int(group.get("count", 1))
+        if "name" in group and count != 1:
+            raise _error(source, f"{here}.name", "only a single node (count: 1) can be "
+                         "named; nodes of a larger group are named node<index>")
+        for _ in range(count):
+            name = group.get("name", f"node{len(nodes)}")
+            if name in names:
+                raise _error(source, f"{here}.name" if "name" in group else here,
+                             f"duplicate node name {name!r}")
+            names.add(name)
+            nodes.append(NodeSpec(name, device, int(merged["devices"]), link))
+    if "inter_node_link" in data:
+        inter = _link(data["inter_node_link"], source, "inter_node_link")
+    elif len(nodes) > 1:
+        raise _error(source, "inter_node_link",
+                     f"missing required field (the cluster has {len(nodes)} nodes)")
+    else:
+        inter = nodes[0].intra_link  # never crossed; keeps the field a plain Link
+    return ClusterSpec(data["name"], tuple(nodes), inter)
+
+
+def _field(group: Mapping[str, Any], here: str, key: str) -> str:
+    """Path of a node field: the group's own value, or the node_defaults it inherits."""
+    return f"{here}.{key}" if key in group else f"node_defaults.{key}"
+
+
+def _device_type(name: str, body: Mapping[str, Any], source: str, here: str) -> DeviceType:
+    kind = DeviceKind(body["kind"])
+    flops = tuple(
+        (dtype, _quantity(value, Dimension.FLOPS, source, f"{here}.peak_flops.{dtype}"))
+        for dtype, value in body["peak_flops"].items()
+    )
+    memory = body["memory"]
+    bandwidth = _quantity(memory["bandwidth"], Dimension.BANDWIDTH, source,
+                          f"{here}.memory.bandwidth")
+    capacity = _quantity(memory["capacity"], Dimension.BYTES, source, f"{here}.memory.capacity")
+    if "launch_overhead" in body:
+        overhead = _quantity(body["launch_overhead"], Dimension.TIME, source,
+                             f"{here}.launch_overhead", allow_zero=True)
+    else:
+        overhead = default_launch_overhead(kind)
+    return DeviceType(name, kind, flops, bandwidth, round(capacity), overhead)
+
+
+def _link(body: Mapping[str, Any], source: str, here: str) -> Link:
+    return Link(
+        _quantity(body["bandwidth"], Dimension.BANDWIDTH, source, f"{here}.bandwidth"),
+        _quantity(body["latency"], Dimension.TIME, source, f"{here}.latency", allow_zero=True),
+    )
+
+
+def _lookup(types: Mapping[str, DeviceType], name: str, source: str, here: str) -> DeviceType:
+    if name in types:
+        return types[name]
+    close = difflib.get_close_matches(name, list(types), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise _error(source, here, f"unknown device type {name!r}{hint} "
+                 f"(defined in device_types: {', '.join(types)})")
+
+
+def _quantity(value: object, dimension: Dimension, source: str, here: str,
+              *, allow_zero: bool = False) -> float:
+    try:
+        number = parse_quantity(value, dimension)
+    except ValueError as exc:
+        raise _error(source, here, str(exc)) from None
+    if number < 0 or (number == 0 and not allow_zero):
+        wanted = "non-negative" if allow_zero else "positive"
+        shown = value if isinstance(value, str) else format_quantity(number, dimension)
+        raise _error(source, here, f"must be a {wanted} quantity, got {shown}")
+    return number
+
+
+def _error(source: str, here: str, message: str) -> ClusterSpecError:
+    return ClusterSpecError(f"{source}: {here}: {message}" if here else f"{source}: {message}")
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing (null)"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _dotted(parts: Iterable[Any]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _error_order(error: jsonschema.ValidationError) -> tuple[Any, ...]:
+    # Shallow problems first (a misspelled top-level key explains deeper ones),
+    # then document order, so the reported error is deterministic.
+    path = tuple((isinstance(p, str), str(p) if isinstance(p, str) else p)
+                 for p in error.absolute_path)
+    return (len(path), path)
+
+
+def _schema_error(source: str, error: jsonschema.ValidationError) -> ClusterSpecError:
+    here = _dotted(error.absolute_path)
+    schema, instance = error.schema, error.instance
+    match error.validator:
+        case "additionalProperties":
+            allowed = sorted(schema.get("properties", {}))
+            key = sorted((k for k in instance if k not in allowed), key=str)[0]
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            where = _dotted([*error.absolute_path, str(key)])
+            return _error(source, where, f"unknown key{hint} (allowed: {', '.join(allowed)})")
+        case "required":
+            missing = next(k for k in schema["required"] if k not in instance)
+            return _error(source, _dotted([*error.absolute_path, missing]),
+                          "missing required field")
+        case "type":
+            wanted = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            words = " or ".join(_TYPE_WORDS[t] for t in wanted)
+            if wanted == ["number", "string"]:
+                words = "a number or a string with a unit"
+            return _error(source, here, f"must be {words}, got {_kind(instance)}")
+        case "minimum":
+            return _error(source, here, f"must be at least {schema['minimum']}, got {instance}")
+        case "minItems" | "minProperties" | "minLength":
+            return _error(source, here, "must not be empty")
+        case "enum":
+            options = ", ".join(repr(v) for v in schema["enum"])
+            return _error(source, here, f"must be one of {options}, got {instance!r}")
+        case _:
+            return _error(source, here, error.message)

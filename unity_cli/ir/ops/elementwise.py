@@ -1,0 +1,162 @@
+"""Elementwise operators, with ONNX broadcasting.
+
+A split dim passes straight through; a broadcast (size-1) dim must stay whole, and the
+input is replicated across the output's shards instead. Partial sums pass through the
+ops that are linear in them (``Add(a, b)`` when both hold the same partial sums,
+``Mul(a, b)`` when one does, ``Div(a, b)`` when ``a`` does).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...errors import ShapeError
+from ..dtypes import DType
+from ..opspec import Imported, OpSpec, register
+from ..shapes import TensorShape
+from .common import broadcast_dims, broadcast_roles, need_inputs, streaming_cost
+
+
+@dataclass(frozen=True, slots=True)
+class UnaryAttrs:
+    """A unary elementwise function, named by its ONNX op type."""
+
+    fn: str
+
+
+@dataclass(frozen=True, slots=True)
+class CastAttrs:
+    to: DType
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryAttrs:
+    """A broadcasting binary (or variadic, for Sum/Max/Min) elementwise op."""
+
+    fn: str
+
+
+@dataclass(frozen=True, slots=True)
+class WhereAttrs:
+    pass
+
+
+# Rough flops per element for the transcendental ones (a cost-model input, not semantics).
+UNARY_FLOPS = {"Relu": 1, "Erf": 20, "Tanh": 20, "Sigmoid": 8, "Sqrt": 4, "Exp": 8, "Log": 8,
+               "Neg": 1, "Abs": 1, "Reciprocal": 4, "Dropout": 2, "Identity": 0, "Softplus": 12,
+               "Gelu": 24, "Floor": 1, "Ceil": 1, "Sin": 20, "Cos": 20, "Not": 1, "Sign": 1}
+LINEAR_UNARY = {"Neg", "Identity", "Dropout"}
+BINARY_TERMS = {"Add": "sum", "Sub": "sum", "Sum": "sum", "Mul": "product", "Div": "numerator",
+                "Pow": "none", "Max": "none", "Min": "none", "Equal": "none", "Less": "none",
+                "Greater": "none", "And": "none", "Or": "none", "Mod": "none",
+                "LessOrEqual": "none", "GreaterOrEqual": "none"}
+COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"}
+
+
+@register
+class Unary(OpSpec):
+    kind = "Unary"
+    attrs_type = UnaryAttrs
+    onnx_ops = tuple(sorted(UNARY_FLOPS))
+
+    def from_onnx(self, node) -> Imported:
+        # Dropout at export is inference-mode (identity); its ratio/training inputs are dropped.
+        return Imported(UnaryAttrs(node.op_type), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(attrs.fn, inputs, 1)
+        dtype = DType.BOOL if attrs.fn == "Not" else inputs[0].dtype
+        return (TensorShape(inputs[0].dims, dtype),)
+
+    def roles(self, attrs, inputs):
+        return (tuple(range(inputs[0].rank)),)
+
+    def terms(self, attrs, n):
+        return ((0,),) if attrs.fn in LINEAR_UNARY else ()
+
+    def cost(self, attrs, inputs, outputs):
+        return streaming_cost(inputs, outputs, UNARY_FLOPS[attrs.fn])
+
+
+@register
+class Cast(OpSpec):
+    kind = "Cast"
+    attrs_type = CastAttrs
+    onnx_ops = ("Cast",)
+
+    def from_onnx(self, node) -> Imported:
+        return Imported(CastAttrs(DType.from_onnx(node.attrs["to"])), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        return (TensorShape(inputs[0].dims, attrs.to),)
+
+    def roles(self, attrs, inputs):
+        return (tuple(range(inputs[0].rank)),)
+
+    def cost(self, attrs, inputs, outputs):
+        return streaming_cost(inputs, outputs, 0)
+
+
+@register
+class Binary(OpSpec):
+    kind = "Binary"
+    attrs_type = BinaryAttrs
+    onnx_ops = tuple(sorted(BINARY_TERMS))
+
+    def from_onnx(self, node) -> Imported:
+        return Imported(BinaryAttrs(node.op_type), tuple(range(len(node.inputs))))
+
+    def infer(self, attrs, inputs):
+        if attrs.fn in ("Sum", "Max", "Min"):
+            need_inputs(attrs.fn, inputs, 1, 64)
+        else:
+            need_inputs(attrs.fn, inputs, 2)
+        if attrs.fn != "Pow" and len({s.dtype for s in inputs}) > 1:
+            raise ShapeError(f"{attrs.fn}: inputs have different types {[s.dtype.value for s in inputs]}")
+        dtype = DType.BOOL if attrs.fn in COMPARISONS else inputs[0].dtype
+        return (TensorShape(broadcast_dims(attrs.fn, inputs), dtype),)
+
+    def roles(self, attrs, inputs):
+        out = broadcast_dims(attrs.fn, inputs)
+        return tuple(broadcast_roles(s, out) for s in inputs)
+
+    def terms(self, attrs, n):
+        match BINARY_TERMS[attrs.fn]:
+            case "sum":
+                return tuple((i,) for i in range(n))
+            case "product":
+                return (tuple(range(n)),)
+            case "numerator":
+                return ((0,),)
+            case _:
+                return ()
+
+    def cost(self, attrs, inputs, outputs):
+        return streaming_cost(inputs, outputs, 8 if attrs.fn == "Pow" else 1)
+
+
+@register
+class Where(OpSpec):
+    kind = "Where"
+    attrs_type = WhereAttrs
+    onnx_ops = ("Where",)
+
+    def from_onnx(self, node) -> Imported:
+        return Imported(WhereAttrs(), (0, 1, 2))
+
+    def infer(self, attrs, inputs: Sequence[TensorShape]):
+        need_inputs(self.kind, inputs, 3)
+        if inputs[1].dtype != inputs[2].dtype:
+            raise ShapeError(f"Where: branches have types {inputs[1].dtype.value} and {inputs[2].dtype.value}")
+        return (TensorShape(broadcast_dims(self.kind, inputs), inputs[1].dtype),)
+
+    def roles(self, attrs, inputs):
+        out = broadcast_dims(self.kind, inputs)
+        return tuple(broadcast_roles(s, out) for s in inputs)
+
+    def terms(self, attrs, n):
+        return ((1,), (2,))
+
+    def cost(self, attrs, inputs, outputs):
+        return streaming_cost(inputs, outputs, 1)

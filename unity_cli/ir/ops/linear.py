@@ -1,0 +1,140 @@
+"""Matrix products: MatMul (numpy semantics, batched, broadcasting) and Gemm.
+
+Sharding ``x``'s rows or ``W``'s columns shards the output; sharding the contracted
+dim of both leaves partial sums (``MatMul(x, W)`` with ``K`` split ``d`` ways has
+``sum_degree = d`` and needs a ``Reduction``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import ShapeError
+from ..opspec import SUM, WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..shapes import TensorShape
+from .common import broadcast_dims, need_inputs
+
+
+@dataclass(frozen=True, slots=True)
+class MatMulAttrs:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class GemmAttrs:
+    trans_a: bool = False
+    trans_b: bool = False
+    alpha: float = 1.0
+    beta: float = 1.0
+
+
+def _matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    """(batch dims, K, output dims) of numpy matmul; raises on mismatch."""
+    if not a or not b:
+        raise ShapeError("MatMul of a scalar")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"MatMul: inner dims differ: {list(a)} @ {list(b)}")
+    batch = broadcast_dims("MatMul", [TensorShape(a2[:-2]), TensorShape(b2[:-2])])
+    out = batch + ((a2[-2],) if len(a) > 1 else ()) + ((b2[-1],) if len(b) > 1 else ())
+    return batch, a2[-1], out
+
+
+@register
+class MatMul(OpSpec):
+    kind = "MatMul"
+    attrs_type = MatMulAttrs
+    onnx_ops = ("MatMul",)
+
+    def from_onnx(self, node) -> Imported:
+        return Imported(MatMulAttrs(), (0, 1))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 2)
+        a, b = inputs
+        if a.dtype != b.dtype:
+            raise ShapeError(f"MatMul: input types differ ({a.dtype.value}, {b.dtype.value})")
+        return (TensorShape(_matmul_dims(a.dims, b.dims)[2], a.dtype),)
+
+    def roles(self, attrs, inputs):
+        a, b = inputs
+        batch, _, out = _matmul_dims(a.dims, b.dims)
+        nb = len(batch)
+        roles_a: list[Role] = []
+        for k, d in enumerate(a.dims[:-2]):
+            pos = nb - (a.rank - 2) + k
+            roles_a.append(WHOLE if d == 1 and batch[pos] != 1 else pos)
+        if a.rank > 1:
+            roles_a.append(nb)
+        roles_a.append(SUM)
+        roles_b: list[Role] = []
+        for k, d in enumerate(b.dims[:-2]):
+            pos = nb - (b.rank - 2) + k
+            roles_b.append(WHOLE if d == 1 and batch[pos] != 1 else pos)
+        roles_b.append(SUM)
+        if b.rank > 1:
+            roles_b.append(len(out) - 1)
+        return (tuple(roles_a), tuple(roles_b))
+
+    def terms(self, attrs, n):
+        return ((0, 1),)
+
+    def cost(self, attrs, inputs, outputs):
+        a, b = inputs
+        _, k, out = _matmul_dims(a.dims, b.dims)
+        out_numel = outputs[0].numel
+        flops = 2.0 * out_numel * k
+        moved = float(a.nbytes + b.nbytes + outputs[0].nbytes)
+        # Backward: dA = dY @ B^T and dB = A^T @ dY, each as large as the forward.
+        return OpCost(flops, moved, 2 * flops, 2 * moved + a.nbytes + b.nbytes, 1)
+
+
+@register
+class Gemm(OpSpec):
+    kind = "Gemm"
+    attrs_type = GemmAttrs
+    onnx_ops = ("Gemm",)
+
+    def from_onnx(self, node) -> Imported:
+        a = node.attrs
+        attrs = GemmAttrs(bool(a.get("transA", 0)), bool(a.get("transB", 0)),
+                          float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)))
+        return Imported(attrs, tuple(range(len(node.inputs))))
+
+    def _mkn(self, attrs, inputs) -> tuple[int, int, int]:
+        a, b = inputs[0], inputs[1]
+        if a.rank != 2 or b.rank != 2:
+            raise ShapeError(f"Gemm needs 2-D A and B, got {list(a.dims)} and {list(b.dims)}")
+        m, k = a.dims[::-1] if attrs.trans_a else a.dims
+        k2, n = b.dims[::-1] if attrs.trans_b else b.dims
+        if k != k2:
+            raise ShapeError(f"Gemm: inner dims differ ({k} vs {k2})")
+        return m, k, n
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 2, 3)
+        m, _, n = self._mkn(attrs, inputs)
+        if len(inputs) == 3 and broadcast_dims("Gemm", [TensorShape((m, n)), inputs[2]]) != (m, n):
+            raise ShapeError(f"Gemm: C of shape {list(inputs[2].dims)} does not broadcast to {[m, n]}")
+        return (TensorShape((m, n), inputs[0].dtype),)
+
+    def roles(self, attrs, inputs):
+        ra: tuple[Role, ...] = (SUM, 0) if attrs.trans_a else (0, SUM)
+        rb: tuple[Role, ...] = (1, SUM) if attrs.trans_b else (SUM, 1)
+        out = [ra, rb]
+        if len(inputs) == 3:
+            c = inputs[2]
+            m, _, n = self._mkn(attrs, inputs)
+            full = (m, n)
+            out.append(tuple(WHOLE if d == 1 and full[2 - c.rank + i] != 1 else 2 - c.rank + i
+                             for i, d in enumerate(c.dims)))
+        return tuple(out)
+
+    def terms(self, attrs, n):
+        return ((0, 1), (2,)) if n == 3 else ((0, 1),)
+
+    def cost(self, attrs, inputs, outputs):
+        m, k, n = self._mkn(attrs, inputs)
+        flops = 2.0 * m * k * n + (m * n if len(inputs) == 3 else 0)
+        moved = float(sum(s.nbytes for s in inputs) + outputs[0].nbytes)
+        return OpCost(flops, moved, 2 * flops, 2 * moved, 1)

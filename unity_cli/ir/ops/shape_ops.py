@@ -1,0 +1,305 @@
+"""Data-movement operators: reshape, transpose, concat/split, slicing, (un)squeeze, expand.
+
+All are linear, so partial sums pass through them. Their constant operands (target
+shapes, axes, slice bounds) become attributes at import.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...errors import ModelError, ShapeError
+from ..opspec import WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..shapes import TensorShape
+from .common import broadcast_dims, broadcast_roles, need_inputs, norm_axes, norm_axis
+
+
+@dataclass(frozen=True, slots=True)
+class ReshapeAttrs:
+    dims: tuple[int, ...]          # fully resolved target shape (no 0 / -1)
+
+
+@dataclass(frozen=True, slots=True)
+class TransposeAttrs:
+    perm: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConcatAttrs:
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class SplitAttrs:
+    axis: int
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SliceAttrs:
+    """Per input dim (start, stop, step), normalized to non-negative bounds."""
+
+    ranges: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpandAttrs:
+    dims: tuple[int, ...]
+
+
+def _copy_cost(inputs: Sequence[TensorShape], outputs: Sequence[TensorShape]) -> OpCost:
+    moved = float(sum(s.nbytes for s in inputs) + sum(s.nbytes for s in outputs))
+    return OpCost(0.0, moved, 0.0, moved, 1)
+
+
+def reshape_roles(src: Sequence[int], dst: Sequence[int]) -> tuple[Role, ...]:
+    """Roles of a reshape's input dims: a dim maps to an output dim only where a shard of
+    it stays one contiguous shard of that output dim (the outermost dims of each group of
+    dims whose products match)."""
+    roles: list[Role] = [WHOLE] * len(src)
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        gi, gj = [i], [j]
+        if i >= len(src) or j >= len(dst):
+            break
+        pi, pj = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                if i >= len(src):
+                    break
+                pi *= src[i]
+                gi.append(i)
+                i += 1
+            else:
+                if j >= len(dst):
+                    break
+                pj *= dst[j]
+                gj.append(j)
+                j += 1
+        lead_i = next((k for k in gi if src[k] != 1), None)
+        lead_j = next((k for k in gj if dst[k] != 1), None)
+        if lead_i is not None and lead_j is not None:
+            roles[lead_i] = lead_j
+        elif len(gi) == 1 and len(gj) == 1:
+            roles[gi[0]] = gj[0]
+    return tuple(roles)
+
+
+@register
+class Reshape(OpSpec):
+    kind = "Reshape"
+    attrs_type = ReshapeAttrs
+    onnx_ops = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+    def from_onnx(self, node) -> Imported:
+        x = node.inputs[0].shape
+        match node.op_type:
+            case "Reshape":
+                target = [int(v) for v in node.const_input(1, "shape").reshape(-1)]
+                allow_zero = bool(node.attrs.get("allowzero", 0))
+                dims = [x.dims[k] if (v == 0 and not allow_zero) else v for k, v in enumerate(target)]
+                if dims.count(-1) > 1:
+                    raise ModelError(f"Reshape target {target} has more than one -1")
+                if -1 in dims:
+                    known = math.prod(d for d in dims if d != -1)
+                    if known == 0 or x.numel % known:
+                        raise ModelError(f"Reshape of {list(x.dims)} to {target} does not fit")
+                    dims[dims.index(-1)] = x.numel // known
+            case "Flatten":
+                axis = norm_axis("Flatten", int(node.attrs.get("axis", 1)), x.rank + 1)
+                dims = [math.prod(x.dims[:axis]), math.prod(x.dims[axis:])]
+            case "Squeeze":
+                axes = node.axes(x.rank, default=[k for k, d in enumerate(x.dims) if d == 1])
+                dims = [d for k, d in enumerate(x.dims) if k not in axes]
+            case "Unsqueeze":
+                axes = node.axes(x.rank + len(node.axes_raw()), default=None)
+                it = iter(x.dims)
+                dims = [1 if k in axes else next(it) for k in range(x.rank + len(axes))]
+            case _:
+                raise AssertionError(node.op_type)
+        return Imported(ReshapeAttrs(tuple(dims)), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        x = inputs[0]
+        if math.prod(attrs.dims) != x.numel or any(d < 0 for d in attrs.dims):
+            raise ShapeError(f"Reshape of {list(x.dims)} to {list(attrs.dims)}: element counts differ")
+        return (TensorShape(attrs.dims, x.dtype),)
+
+    def roles(self, attrs, inputs):
+        return (reshape_roles(inputs[0].dims, attrs.dims),)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        return OpCost(0.0, 0.0, 0.0, 0.0, 0)  # a view: no data moves
+
+
+@register
+class Transpose(OpSpec):
+    kind = "Transpose"
+    attrs_type = TransposeAttrs
+    onnx_ops = ("Transpose",)
+
+    def from_onnx(self, node) -> Imported:
+        rank = node.inputs[0].shape.rank
+        perm = tuple(node.attrs.get("perm", list(range(rank))[::-1]))
+        return Imported(TransposeAttrs(perm), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        x = inputs[0]
+        if sorted(attrs.perm) != list(range(x.rank)):
+            raise ShapeError(f"Transpose perm {list(attrs.perm)} is not a permutation of rank {x.rank}")
+        return (TensorShape(tuple(x.dims[p] for p in attrs.perm), x.dtype),)
+
+    def roles(self, attrs, inputs):
+        inv = [0] * len(attrs.perm)
+        for j, p in enumerate(attrs.perm):
+            inv[p] = j
+        return (tuple(inv),)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        return _copy_cost(inputs, outputs)
+
+
+@register
+class Concat(OpSpec):
+    kind = "Concat"
+    attrs_type = ConcatAttrs
+    onnx_ops = ("Concat",)
+
+    def from_onnx(self, node) -> Imported:
+        rank = node.inputs[0].shape.rank
+        return Imported(ConcatAttrs(norm_axis("Concat", int(node.attrs["axis"]), rank)), tuple(range(len(node.inputs))))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1, 1 << 16)
+        x = inputs[0]
+        for k, s in enumerate(inputs):
+            if s.rank != x.rank or any(a != b for d, (a, b) in enumerate(zip(s.dims, x.dims)) if d != attrs.axis):
+                raise ShapeError(f"Concat on axis {attrs.axis}: input {k} {list(s.dims)} does not fit {list(x.dims)}")
+            if s.dtype != x.dtype:
+                raise ShapeError(f"Concat: input {k} has type {s.dtype.value}, input 0 {x.dtype.value}")
+        total = sum(s.dims[attrs.axis] for s in inputs)
+        return (TensorShape(x.dims[:attrs.axis] + (total,) + x.dims[attrs.axis + 1:], x.dtype),)
+
+    def roles(self, attrs, inputs):
+        return tuple(tuple(WHOLE if d == attrs.axis else d for d in range(s.rank)) for s in inputs)
+
+    def terms(self, attrs, n):
+        return tuple((i,) for i in range(n))
+
+    def cost(self, attrs, inputs, outputs):
+        return _copy_cost(inputs, outputs)
+
+
+@register
+class Split(OpSpec):
+    kind = "Split"
+    attrs_type = SplitAttrs
+    onnx_ops = ("Split",)
+
+    def from_onnx(self, node) -> Imported:
+        x = node.inputs[0].shape
+        axis = norm_axis("Split", int(node.attrs.get("axis", 0)), x.rank)
+        n = len(node.outputs)
+        if "split" in node.attrs:
+            sizes = tuple(node.attrs["split"])
+        elif len(node.inputs) > 1 and node.inputs[1].name:
+            sizes = tuple(int(v) for v in node.const_input(1, "split"))
+        else:
+            n = int(node.attrs.get("num_outputs", n))
+            chunk = -(-x.dims[axis] // n)
+            sizes = tuple(min(chunk, x.dims[axis] - k * chunk) for k in range(n))
+        return Imported(SplitAttrs(axis, sizes), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        x = inputs[0]
+        if sum(attrs.sizes) != x.dims[attrs.axis]:
+            raise ShapeError(f"Split sizes {list(attrs.sizes)} do not add up to dim {attrs.axis} of {list(x.dims)}")
+        return tuple(TensorShape(x.dims[:attrs.axis] + (s,) + x.dims[attrs.axis + 1:], x.dtype) for s in attrs.sizes)
+
+    def roles(self, attrs, inputs):
+        return (tuple(WHOLE if d == attrs.axis else d for d in range(inputs[0].rank)),)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        return _copy_cost(inputs, outputs)
+
+
+@register
+class Slice(OpSpec):
+    kind = "Slice"
+    attrs_type = SliceAttrs
+    onnx_ops = ("Slice",)
+
+    def from_onnx(self, node) -> Imported:
+        x = node.inputs[0].shape
+        if node.opset < 10:
+            starts, ends = node.attrs["starts"], node.attrs["ends"]
+            axes = node.attrs.get("axes", list(range(len(starts))))
+            steps = [1] * len(starts)
+        else:
+            starts = [int(v) for v in node.const_input(1, "starts")]
+            ends = [int(v) for v in node.const_input(2, "ends")]
+            axes = [int(v) for v in node.const_input(3, "axes")] if node.has_input(3) else list(range(len(starts)))
+            steps = [int(v) for v in node.const_input(4, "steps")] if node.has_input(4) else [1] * len(starts)
+        ranges = [(0, d, 1) for d in x.dims]
+        for a, s, e, st in zip(norm_axes("Slice", axes, x.rank), starts, ends, steps):
+            ranges[a] = slice(s, e, st).indices(x.dims[a])
+        return Imported(SliceAttrs(tuple(ranges)), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        x = inputs[0]
+        if len(attrs.ranges) != x.rank:
+            raise ShapeError(f"Slice has {len(attrs.ranges)} ranges for a rank-{x.rank} input")
+        return (TensorShape(tuple(len(range(*r)) for r in attrs.ranges), x.dtype),)
+
+    def roles(self, attrs, inputs):
+        x = inputs[0]
+        return (tuple(d if attrs.ranges[d] == (0, x.dims[d], 1) else WHOLE for d in range(x.rank)),)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        return _copy_cost(outputs, outputs)
+
+
+@register
+class Expand(OpSpec):
+    kind = "Expand"
+    attrs_type = ExpandAttrs
+    onnx_ops = ("Expand",)
+
+    def from_onnx(self, node) -> Imported:
+        target = TensorShape(tuple(int(v) for v in node.const_input(1, "shape")))
+        dims = broadcast_dims("Expand", [node.inputs[0].shape, target])
+        return Imported(ExpandAttrs(dims), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        x = inputs[0]
+        if broadcast_dims("Expand", [x, TensorShape(attrs.dims)]) != attrs.dims:
+            raise ShapeError(f"Expand of {list(x.dims)} to {list(attrs.dims)}")
+        return (TensorShape(attrs.dims, x.dtype),)
+
+    def roles(self, attrs, inputs):
+        return (broadcast_roles(inputs[0], attrs.dims),)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        return _copy_cost(inputs, outputs)

@@ -1,0 +1,52 @@
+"""Graph sources: model inputs and weights are nodes, so parallel ops apply to them."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..opspec import ZERO_COST, OpCost, OpSpec, register
+from ..shapes import ParallelTensorShape, TensorShape
+
+
+@dataclass(frozen=True, slots=True)
+class InputAttrs:
+    """A graph input (data fed each step); the node's name is the ONNX input name."""
+
+    shape: TensorShape
+
+
+@dataclass(frozen=True, slots=True)
+class WeightAttrs:
+    """A tensor stored with the model: a trainable weight or a constant.
+
+    ``trainable`` weights get gradients and optimizer state; constants (folded shape
+    tensors, masks, integer indices, scalars) do not.
+    """
+
+    shape: TensorShape
+    trainable: bool = True
+
+
+class _Source(OpSpec):
+    is_source = True
+
+    def infer(self, attrs, inputs: Sequence[TensorShape]) -> tuple[TensorShape, ...]:
+        return (attrs.shape,)
+
+    def infer_parallel(self, attrs, inputs) -> tuple[ParallelTensorShape, ...]:
+        return (ParallelTensorShape.unpartitioned(attrs.shape),)
+
+    def cost(self, attrs, inputs, outputs) -> OpCost:
+        return ZERO_COST
+
+
+@register
+class Input(_Source):
+    kind = "Input"
+    attrs_type = InputAttrs
+
+
+@register
+class Weight(_Source):
+    kind = "Weight"
+    attrs_type = WeightAttrs

@@ -1,0 +1,302 @@
+"""Operator specifications: the one place where each operator kind is defined.
+
+An :class:`OpSpec` says, for one kind of operator, what its attributes are, which ONNX
+ops it imports from, how to infer its logical output shapes, how it may be
+parallelized, and what one piece of it costs. Everything else (import, validation,
+parallel shape inference, the cost model) is derived from these specifications.
+
+Parallelization is declared, not coded per op. For each input dim a spec gives a
+:data:`Role`:
+
+* an ``int`` ``j``: the dim is the input's view of output dim ``j``; a shard of it is a
+  shard of the output along ``j`` (so their degrees must be equal);
+* ``SUM``: the dim is contracted; sharding it leaves each piece with a partial sum, so
+  the output gets ``sum_degree`` equal to its degree;
+* ``WHOLE``: the op needs the dim whole (degree 1).
+
+and, by ``terms``, how partial sums flow: the output is a sum of terms, each term a
+product that is linear in each of its inputs separately (``Add`` is ``((0,), (1,))``,
+``Mul`` and ``MatMul`` are ``((0, 1),)``, ``Relu`` is ``()``: not linear at all).
+:func:`infer_parallel` turns these into the parallel shape rules of the design.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar, Final
+
+from ..errors import ShapeError
+from .dtypes import DType
+from .shapes import ParallelDim, ParallelTensorShape, TensorShape
+
+SUM: Final = "sum"
+WHOLE: Final = "whole"
+Role = int | str
+"""What one input dim is to the op: an output dim index, ``SUM`` or ``WHOLE``."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """Work of one piece of an operator, forward and backward."""
+
+    fwd_flops: float
+    fwd_bytes: float
+    bwd_flops: float
+    bwd_bytes: float
+    kernels: int = 1
+
+    def __add__(self, other: OpCost) -> OpCost:
+        return OpCost(self.fwd_flops + other.fwd_flops, self.fwd_bytes + other.fwd_bytes,
+                      self.bwd_flops + other.bwd_flops, self.bwd_bytes + other.bwd_bytes,
+                      self.kernels + other.kernels)
+
+
+ZERO_COST = OpCost(0.0, 0.0, 0.0, 0.0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """What a spec makes of one ONNX node: its attributes and which ONNX inputs stay tensors."""
+
+    attrs: Any
+    tensor_inputs: tuple[int, ...]
+
+
+class OpSpec:
+    """Base class of operator specifications; subclasses override what differs.
+
+    Subclasses set ``kind`` (the PCG op name), ``attrs_type`` (a frozen dataclass) and
+    ``onnx_ops`` (the ONNX op types imported through this spec).
+    """
+
+    kind: ClassVar[str]
+    attrs_type: ClassVar[type]
+    onnx_ops: ClassVar[tuple[str, ...]] = ()
+    is_parallel_op: ClassVar[bool] = False
+    is_source: ClassVar[bool] = False
+
+    def from_onnx(self, node: Any) -> Imported:
+        """Attributes from an ONNX node (see ``onnx_import.convert.OnnxNode``)."""
+        raise NotImplementedError(f"{self.kind} cannot be imported from ONNX")
+
+    def infer(self, attrs: Any, inputs: Sequence[TensorShape]) -> tuple[TensorShape, ...]:
+        raise NotImplementedError
+
+    def roles(self, attrs: Any, inputs: Sequence[TensorShape]) -> tuple[tuple[Role, ...], ...]:
+        """Per input, per dim: the dim's :data:`Role`. Default: nothing may be split."""
+        return tuple((WHOLE,) * s.rank for s in inputs)
+
+    def terms(self, attrs: Any, n_inputs: int) -> tuple[tuple[int, ...], ...]:
+        """How partial sums pass through (see the module docstring). Default: not linear."""
+        return ()
+
+    def cost(self, attrs: Any, inputs: Sequence[TensorShape], outputs: Sequence[TensorShape]) -> OpCost:
+        """Work for one piece, given the piece shapes. Default: one pass over memory."""
+        moved = sum(s.nbytes for s in inputs) + sum(s.nbytes for s in outputs)
+        flops = float(sum(s.numel for s in outputs))
+        return OpCost(flops, moved, 2 * flops, 2 * moved)
+
+    def infer_parallel(self, attrs: Any, inputs: Sequence[ParallelTensorShape]) -> tuple[ParallelTensorShape, ...]:
+        return infer_parallel(self, attrs, inputs)
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+_BY_ATTRS: dict[type, OpSpec] = {}
+_BY_ONNX: dict[str, OpSpec] = {}
+
+
+def register(spec_cls: type[OpSpec]) -> type[OpSpec]:
+    """Class decorator: add a spec to the registry; duplicates are an error."""
+    spec = spec_cls()
+    if spec.kind in _REGISTRY:
+        raise RuntimeError(f"operator {spec.kind} is specified twice")
+    if spec.attrs_type in _BY_ATTRS:
+        raise RuntimeError(f"attrs type {spec.attrs_type.__name__} is used by two specs")
+    for op in spec.onnx_ops:
+        if op in _BY_ONNX:
+            raise RuntimeError(f"ONNX op {op} is imported by {_BY_ONNX[op].kind} and {spec.kind}")
+    _REGISTRY[spec.kind] = spec
+    _BY_ATTRS[spec.attrs_type] = spec
+    for op in spec.onnx_ops:
+        _BY_ONNX[op] = spec
+    return spec_cls
+
+
+def spec_of(attrs: Any) -> OpSpec:
+    return _BY_ATTRS[type(attrs)]
+
+
+def spec_by_kind(kind: str) -> OpSpec:
+    return _REGISTRY[kind]
+
+
+def spec_for_onnx(op_type: str) -> OpSpec | None:
+    return _BY_ONNX.get(op_type)
+
+
+def all_specs() -> Mapping[str, OpSpec]:
+    return dict(sorted(_REGISTRY.items()))
+
+
+def attrs_to_json(attrs: Any) -> dict[str, Any]:
+    """Canonical JSON-able form of an attrs dataclass (kind + fields)."""
+    out: dict[str, Any] = {"kind": spec_of(attrs).kind}
+    for f in dataclasses.fields(attrs):
+        out[f.name] = _plain(getattr(attrs, f.name))
+    return out
+
+
+def attrs_from_json(data: Mapping[str, Any]) -> Any:
+    spec = spec_by_kind(data["kind"])
+    kwargs = {}
+    for f in dataclasses.fields(spec.attrs_type):
+        kwargs[f.name] = _typed(data[f.name], f.type)
+    return spec.attrs_type(**kwargs)
+
+
+def attrs_key(attrs: Any) -> str:
+    return json.dumps(attrs_to_json(attrs), sort_keys=True, separators=(",", ":"))
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Enum):
+        return v.value
+    if dataclasses.is_dataclass(v):
+        return {f.name: _plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, tuple | list):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def _typed(v: Any, annotation: Any) -> Any:
+    ann = str(annotation)
+    if "TensorShape" in ann and isinstance(v, dict):
+        return TensorShape(tuple(v["dims"]), DType(v["dtype"]))
+    if "DType" in ann and isinstance(v, str):
+        return DType(v)
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    if isinstance(v, list):
+        return tuple(_typed(x, "") if not isinstance(x, list) else tuple(x) for x in v)
+    return v
+
+
+# ---------------------------------------------------------------------------
+# Parallel shape inference, derived from roles and terms.
+
+
+def infer_parallel(spec: OpSpec, attrs: Any, inputs: Sequence[ParallelTensorShape]) -> tuple[ParallelTensorShape, ...]:
+    """Output parallel shapes of an op from its inputs' (raises ShapeError if illegal)."""
+    logical_in = [p.logical for p in inputs]
+    outs = spec.infer(attrs, logical_in)
+    roles = spec.roles(attrs, logical_in)
+    out_rank = outs[0].rank
+    out_deg = [0] * out_rank
+    contracted = 0
+    for i, (p, rs) in enumerate(zip(inputs, roles, strict=True)):
+        for d, (pd, role) in enumerate(zip(p.dims, rs, strict=True)):
+            if role == WHOLE:
+                if pd.degree != 1:
+                    raise ShapeError(f"{spec.kind} needs input {i} dim {d} whole, but it is split {pd.degree} ways")
+            elif role == SUM:
+                if contracted and pd.degree != contracted:
+                    raise ShapeError(f"{spec.kind}: contracted dims are split {contracted} and {pd.degree} ways")
+                contracted = pd.degree
+            else:
+                if out_deg[role] and pd.degree != out_deg[role]:
+                    raise ShapeError(f"{spec.kind}: input {i} dim {d} is split {pd.degree} ways, "
+                                     f"but output dim {role} is split {out_deg[role]} ways by another input")
+                out_deg[role] = pd.degree
+    contracted = contracted or 1
+    out_deg = [d or 1 for d in out_deg]
+    out_sum = _output_sum(spec, attrs, inputs, roles, contracted)
+    pieces = inputs[0].pieces if inputs else 1
+    for i, p in enumerate(inputs):
+        if p.pieces != pieces:
+            raise ShapeError(f"{spec.kind}: input 0 has {pieces} pieces but input {i} has {p.pieces}")
+    per_copy = math.prod(out_deg) * out_sum
+    if pieces % per_copy:
+        raise ShapeError(f"{spec.kind}: {pieces} pieces cannot hold an output split {per_copy} ways")
+    copy = pieces // per_copy
+    result = []
+    for o in outs:
+        dims = tuple(ParallelDim(s, g) for s, g in zip(o.dims, out_deg, strict=True))
+        shape = ParallelTensorShape(dims, o.dtype, out_sum, copy)
+        bad = shape.problems()
+        if bad:
+            raise ShapeError(f"{spec.kind}: output {bad[0]}")
+        result.append(shape)
+    return tuple(result)
+
+
+def _output_sum(spec: OpSpec, attrs: Any, inputs: Sequence[ParallelTensorShape],
+                roles: Sequence[Sequence[Role]], contracted: int) -> int:
+    terms = spec.terms(attrs, len(inputs))
+    in_term = {i for t in terms for i in t}
+    for i, p in enumerate(inputs):
+        if i not in in_term and p.sum_degree != 1:
+            raise ShapeError(f"{spec.kind} is not linear in input {i}, which holds partial sums")
+    has_sum_dim = [SUM in rs for rs in roles]
+    term_sums = []
+    for t in terms:
+        partial = [i for i in t if inputs[i].sum_degree > 1]
+        if len(partial) > 1:
+            raise ShapeError(f"{spec.kind}: inputs {partial} both hold partial sums of one product")
+        s = inputs[partial[0]].sum_degree if partial else 1
+        if any(has_sum_dim[i] for i in t):
+            s *= contracted
+        term_sums.append(s)
+    if contracted > 1 and not terms:
+        raise ShapeError(f"{spec.kind} cannot split a contracted dim")
+    if len(set(term_sums)) > 1:
+        raise ShapeError(f"{spec.kind}: its terms hold different partial sums {term_sums}")
+    return term_sums[0] if term_sums else 1
+
+
+def input_layout(spec: OpSpec, attrs: Any, inputs: Sequence[TensorShape], out_degrees: Sequence[int],
+                 contracted: int, pieces: int) -> list[ParallelTensorShape] | None:
+    """The input parallel shapes that run the op with the given output split, or None.
+
+    ``out_degrees`` are the degrees of output 0's dims, ``contracted`` the degree of the
+    contracted dims (the output then holds that many partial sums) and ``pieces`` the
+    number of tasks; the rest of each input is replicated.
+    """
+    roles = spec.roles(attrs, inputs)
+    terms = spec.terms(attrs, len(inputs))
+    result = []
+    for shape, rs in zip(inputs, roles, strict=True):
+        degs = []
+        for size, role in zip(shape.dims, rs, strict=True):
+            if role == WHOLE:
+                g = 1
+            elif role == SUM:
+                g = contracted
+            else:
+                g = out_degrees[role]
+            if size % g:
+                return None
+            degs.append(g)
+        covered = math.prod(degs)
+        if pieces % covered:
+            return None
+        result.append(ParallelTensorShape.of(shape.dims, tuple(degs), shape.dtype, 1, pieces // covered))
+    if contracted > 1:
+        # Terms without the contracted dim must bring matching partial sums: not expressible here.
+        for t in terms:
+            if not any(SUM in roles[i] for i in t):
+                return None
+    try:
+        outs = infer_parallel(spec, attrs, result)
+    except ShapeError:
+        return None
+    if outs and tuple(d.degree for d in outs[0].dims) != tuple(out_degrees):
+        return None
+    return result

@@ -1,0 +1,335 @@
+"""ONNX → PCG.
+
+One pass over the nodes in topological order. Each tensor gets a concrete logical shape
+(from the operator specifications), and each tensor computable at import time — shape
+subgraphs once input shapes are fixed, constant subgraphs — is evaluated by onnx's
+reference evaluator and folded away. Every node left must have a specification.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx.reference import ReferenceEvaluator
+
+from ..errors import ModelError, ShapeError, UnityError, UnsupportedOpError
+from ..ir import PCG, DType, GraphBuilder, TensorRef, TensorShape
+from ..ir.opspec import spec_for_onnx
+from ..ir.ops.sources import InputAttrs, WeightAttrs
+from ..ir.shapes import ParallelTensorShape
+from .load import file_sha256, load_onnx, tensor_value
+from .node import OnnxInput, OnnxNode
+
+DEFAULT_BATCH = 32
+FOLD_LIMIT = 1 << 24               # elements: larger computed constants stay in the graph
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
+ALIASES = {"Identity"}
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """How to make the model's shapes concrete."""
+
+    batch_size: int | None = None
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImportedModel:
+    """A PCG plus what the runtime and the plan need to know about its origin."""
+
+    pcg: PCG
+    path: str
+    sha256: str
+    inputs: dict[str, TensorShape]
+    outputs: list[str]
+    constants: dict[str, np.ndarray]
+    weights: list[str]
+    batch_size: int
+    batch_defaulted: bool
+    folded: int
+
+
+def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions()) -> ImportedModel:
+    """Import an ONNX file; every failure is a ModelError naming the file (and node)."""
+    p = Path(path)
+    model = load_onnx(p)
+    try:
+        return _Importer(model, p, options).run()
+    except UnityError as e:
+        msg = str(e)
+        if not msg.startswith(str(p)):
+            msg = f"{p}: {msg}"
+        raise type(e)(msg) if isinstance(e, ModelError) else ModelError(msg) from None
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, path: Path, options: ImportOptions):
+        self.model = model
+        self.path = path
+        self.options = options
+        self.base_dir = path.parent
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.builder = GraphBuilder()
+        self.shapes: dict[str, TensorShape] = {}
+        self.values: dict[str, np.ndarray] = {}
+        self.refs: dict[str, TensorRef] = {}
+        self.initializers = {t.name: t for t in model.graph.initializer}
+        self.from_constant_of_shape: set[str] = set()
+        self.constants: dict[str, np.ndarray] = {}
+        self.weights: list[str] = []
+        self.folded = 0
+        self.used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+
+    # -- inputs ----------------------------------------------------------------
+
+    def _input_shapes(self) -> tuple[dict[str, TensorShape], int, bool]:
+        opts = self.options
+        if opts.batch_size is not None and opts.batch_size < 1:
+            raise ModelError(f"--batch-size must be >= 1, got {opts.batch_size}")
+        graph_inputs = [i for i in self.model.graph.input if i.name not in self.initializers]
+        known = {i.name for i in graph_inputs}
+        for name in opts.input_shapes:
+            if name not in known:
+                raise ModelError(f"--input {name}: the model has no such input (inputs: {', '.join(sorted(known))})")
+        batch = opts.batch_size
+        defaulted = False
+        out = {}
+        for vi in graph_inputs:
+            tt = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type"):
+                raise ModelError(f"input {vi.name!r} is not a tensor")
+            dtype = _dtype(tt.elem_type, f"input {vi.name!r}")
+            if vi.name in opts.input_shapes:
+                dims = tuple(opts.input_shapes[vi.name])
+                if any(d < 1 for d in dims):
+                    raise ModelError(f"--input {vi.name}: dims must be >= 1, got {list(dims)}")
+                out[vi.name] = TensorShape(dims, dtype)
+                continue
+            dims = []
+            for k, d in enumerate(tt.shape.dim):
+                if k == 0 and batch is not None:
+                    dims.append(batch)
+                elif d.HasField("dim_value") and d.dim_value > 0:
+                    dims.append(d.dim_value)
+                elif k == 0:
+                    batch, defaulted = DEFAULT_BATCH, True
+                    dims.append(batch)
+                else:
+                    label = d.dim_param or "?"
+                    raise ModelError(f"input {vi.name!r} dim {k} is symbolic ({label!r}); "
+                                     f"give it with --input {vi.name}=d0,d1,...")
+            out[vi.name] = TensorShape(tuple(dims), dtype)
+        if batch is None:
+            batch = next((s.dims[0] for s in out.values() if s.rank), 1)
+        return out, batch, defaulted
+
+    # -- sources ---------------------------------------------------------------
+
+    def _ref(self, name: str) -> TensorRef:
+        """The PCG tensor for an ONNX tensor name, creating weight/constant nodes lazily."""
+        if name in self.refs:
+            return self.refs[name]
+        if name not in self.values and name not in self.initializers:
+            raise ModelError(f"tensor {name!r} is used before it is produced")
+        shape = self.shapes[name]
+        value = self.values.get(name)
+        trainable = self._trainable(name, shape, value)
+        ref = self.builder.add(WeightAttrs(shape, trainable), (), name)[0]
+        if trainable:
+            self.weights.append(name)
+        elif value is not None:
+            self.constants[name] = value
+        self.refs[name] = ref
+        return ref
+
+    def _trainable(self, name: str, shape: TensorShape, value: np.ndarray | None) -> bool:
+        """Trainable weights: float initializers (or ConstantOfShape outputs) of more than one
+        element whose values, when known, are finite and not mask-like (|v| >= 1e30)."""
+        if not shape.dtype.is_float or shape.numel <= 1:
+            return False
+        if name not in self.initializers and name not in self.from_constant_of_shape:
+            return False
+        if value is not None and value.size and (not np.all(np.isfinite(value)) or np.abs(value).max() >= 1e30):
+            return False
+        return True
+
+    # -- the pass ----------------------------------------------------------------
+
+    def run(self) -> ImportedModel:
+        inputs, batch, defaulted = self._input_shapes()
+        for name, shape in inputs.items():
+            self.shapes[name] = shape
+            self.refs[name] = self.builder.add(InputAttrs(shape), (), name)[0]
+        for name, t in self.initializers.items():
+            shape = TensorShape(tuple(t.dims), _dtype(t.data_type, f"initializer {name!r}"))
+            self.shapes[name] = shape
+            small = shape.numel <= (1 << 16)
+            value = tensor_value(t, self.base_dir, self.path) if small or not shape.dtype.is_float else None
+            # Trainable weights are never folded through: only constants get a value here.
+            if value is not None and not self._trainable(name, shape, value):
+                self.values[name] = value
+        for node in _topological(self.model.graph):
+            try:
+                self._node(node)
+            except UnityError as e:
+                raise type(e)(f"node {node.name or '<unnamed>'!r} ({node.op_type}): {e}") from None
+        outputs = []
+        for o in self.model.graph.output:
+            if o.name not in self.refs and o.name not in self.values and o.name not in self.initializers:
+                raise ModelError(f"graph output {o.name!r} is never produced")
+            outputs.append(self._ref(o.name))
+        pcg = self.builder.build(outputs)
+        return ImportedModel(pcg, str(self.path), file_sha256(self.path), inputs,
+                             [o.name for o in self.model.graph.output], self.constants, self.weights,
+                             batch, defaulted, self.folded)
+
+    def _node(self, node: onnx.NodeProto) -> None:
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError(f"custom-domain op {node.domain}.{node.op_type} has no specification")
+        if node.op_type in ALIASES:
+            src = node.input[0]
+            self._alias(node.output[0], src)
+            return
+        ins = []
+        for name in node.input:
+            if name and name not in self.shapes:
+                raise ModelError(f"input {name!r} is never produced")
+            ins.append(OnnxInput(name, self.shapes.get(name) if name else None, self.values.get(name) if name else None))
+        onode = OnnxNode(node.op_type, node.name, self.opset, ins, list(node.output), OnnxNode.attributes(node))
+        if self._fold(node, onode):
+            return
+        spec = spec_for_onnx(node.op_type)
+        if spec is None:
+            raise UnsupportedOpError(f"no specification for op {node.op_type} "
+                                     "(it is not foldable: its inputs are not all known at import)")
+        imported = spec.from_onnx(onode)
+        refs = [self._ref(node.input[i]) for i in imported.tensor_inputs]
+        outs = self.builder.add(imported.attrs, refs, node.name or node.output[0])
+        extra = [o for o in node.output[len(outs):] if o in self.used]
+        if extra:
+            raise ModelError(f"its output {extra[0]!r} is used, but unity supports only its first {len(outs)}")
+        for name, ref in zip(node.output, outs):
+            if name:
+                self.refs[name] = ref
+                self.shapes[name] = self.builder.shape(ref).logical
+
+    def _alias(self, dst: str, src: str) -> None:
+        self.shapes[dst] = self.shapes[src]
+        if src in self.values:
+            self.values[dst] = self.values[src]
+        if src in self.refs:
+            self.refs[dst] = self.refs[src]
+        elif src in self.initializers:
+            self.refs[dst] = self._ref(src)
+
+    def _fold(self, node: onnx.NodeProto, onode: OnnxNode) -> bool:
+        """Evaluate the node now if its outputs are known at import time."""
+        op = node.op_type
+        if op in NONDETERMINISTIC or op in ("If", "Loop", "Scan"):
+            if op in ("If", "Loop", "Scan"):
+                raise UnsupportedOpError(f"control flow ({op}) is not supported")
+            return False
+        if op == "Shape":
+            shape = self.shapes[node.input[0]].dims
+            start = onode.attrs.get("start", 0)
+            end = onode.attrs.get("end", len(shape))
+            result = [np.array(shape[slice(start, end)], dtype=np.int64)]
+        elif op == "Size":
+            result = [np.array(math.prod(self.shapes[node.input[0]].dims), dtype=np.int64)]
+        elif all(not i.name or i.value is not None for i in onode.inputs):
+            if any(i.value is not None and i.value.size > FOLD_LIMIT for i in onode.inputs):
+                return False
+            result = self._evaluate(node, onode)
+            if result is None:
+                return False
+        else:
+            return False
+        for name, v in zip(node.output, result):
+            if not name:
+                continue
+            v = np.asarray(v)
+            self.values[name] = v
+            self.shapes[name] = TensorShape(tuple(v.shape), DType.from_numpy(v.dtype))
+            if op == "ConstantOfShape":
+                self.from_constant_of_shape.add(name)
+        self.folded += 1
+        return True
+
+    def _evaluate(self, node: onnx.NodeProto, onode: OnnxNode) -> list[np.ndarray] | None:
+        feeds = {i.name: i.value for i in onode.inputs if i.name}
+        graph_inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                        for n, v in feeds.items()]
+        outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
+        g = onnx.helper.make_graph([node], "fold", graph_inputs, outputs)
+        m = onnx.helper.make_model(g, opset_imports=list(self.model.opset_import))
+        try:
+            res = _run_ort(m, feeds)
+        except Exception:
+            try:  # onnxruntime refuses a few odd nodes that the reference evaluator runs
+                res = ReferenceEvaluator(m).run(None, feeds)
+            except Exception as e:
+                raise ModelError(f"cannot evaluate this constant node: {type(e).__name__}: {e}") from None
+        if any(np.asarray(r).size > FOLD_LIMIT for r in res):
+            return None
+        full = []
+        it = iter(res)
+        for o in node.output:
+            full.append(next(it) if o else None)
+        return full
+
+
+def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _dtype(elem_type: int, what: str) -> DType:
+    try:
+        return DType.from_onnx(elem_type)
+    except ValueError as e:
+        raise ModelError(f"{what}: {e}") from None
+
+
+def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes in a topological order (ONNX requires one; stable if already sorted)."""
+    produced_by = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    order, state = [], [0] * len(graph.node)
+    for start in range(len(graph.node)):
+        if state[start]:
+            continue
+        stack = [(start, iter(graph.node[start].input))]
+        state[start] = 1
+        while stack:
+            i, it = stack[-1]
+            for name in it:
+                j = produced_by.get(name)
+                if j is not None and state[j] == 0:
+                    state[j] = 1
+                    stack.append((j, iter(graph.node[j].input)))
+                    break
+                if j is not None and state[j] == 1:
+                    raise ModelError(f"the graph has a cycle through tensor {name!r}")
+            else:
+                stack.pop()
+                state[i] = 2
+                order.append(graph.node[i])
+    return order
+
+
+def parallel_shape(shape: TensorShape) -> ParallelTensorShape:
+    return ParallelTensorShape.unpartitioned(shape)
+
+
+__all__ = ["ImportOptions", "ImportedModel", "import_model", "ShapeError"]
