@@ -70,7 +70,7 @@ def local_cluster() -> ClusterSpec:
     """The machine this process runs on: its GPUs if cupy sees any, else its CPU cores."""
     try:
         gpu_node = _gpu_node()
-    except Exception:  # noqa: BLE001 - any cupy/driver failure means: plan for the CPU
+    except Exception:  # any cupy/driver failure means: plan for the CPU
         gpu_node = None
     if gpu_node is not None:
         return ClusterSpec("local-gpu", (gpu_node,), gpu_node.intra_link)
@@ -114,7 +114,7 @@ def _gpu_node() -> NodeSpec | None:
     """One node of the GPUs cupy sees, or None when it sees none (or is missing)."""
     try:
         import cupy  # optional: only GPU machines have it
-    except Exception:  # noqa: BLE001 - a broken CUDA install can fail in many ways
+    except Exception:  # a broken CUDA install can fail in many ways
         return None
     count = int(cupy.cuda.runtime.getDeviceCount())
     if count < 1:

@@ -130,7 +130,7 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
         reason = getattr(exc, "strerror", None) or exc
         raise ClusterSpecError(f"{source}: cannot read: {reason}") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -147,14 +147,16 @@ def parse_cluster(data: object, source: str) -> ClusterSpec:
     """Validate parsed YAML/JSON ``data`` and build the spec; ``source`` prefixes errors."""
     if not isinstance(data, Mapping):
         raise ClusterSpecError(f"{source}: top level must be a mapping, got {_kind(data)}")
+    # YAML allows keys of any type; a device type named 7 would make a confusing path.
+    device_types = data.get("device_types")
+    for name in device_types if isinstance(device_types, Mapping) else ():
+        if not isinstance(name, str):
+            raise _error(source, "device_types", f"names must be strings, got {name!r}")
     errors = sorted(_VALIDATOR.iter_errors(data), key=_error_order)
     if errors:
         raise _schema_error(source, errors[0])
-    types: dict[str, DeviceType] = {}
-    for name, body in data["device_types"].items():
-        if not isinstance(name, str):
-            raise _error(source, "device_types", f"names must be strings, got {name!r}")
-        types[name] = _device_type(name, body, source, f"device_types.{name}")
+    types = {name: _device_type(name, body, source, f"device_types.{name}")
+             for name, body in data["device_types"].items()}
     defaults = data.get("node_defaults", {})
     if "device" in defaults:
         _lookup(types, defaults["device"], source, "node_defaults.device")

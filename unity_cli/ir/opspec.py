@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -151,10 +152,10 @@ def attrs_to_json(attrs: Any) -> dict[str, Any]:
 
 
 def attrs_from_json(data: Mapping[str, Any]) -> Any:
+    """Inverse of :func:`attrs_to_json` (raises KeyError/TypeError/ValueError on bad data)."""
     spec = spec_by_kind(data["kind"])
-    kwargs = {}
-    for f in dataclasses.fields(spec.attrs_type):
-        kwargs[f.name] = _typed(data[f.name], f.type)
+    hints = typing.get_type_hints(spec.attrs_type)
+    kwargs = {f.name: _typed(data[f.name], hints[f.name]) for f in dataclasses.fields(spec.attrs_type)}
     return spec.attrs_type(**kwargs)
 
 
@@ -174,18 +175,35 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _typed(v: Any, annotation: Any) -> Any:
-    ann = str(annotation)
-    if "TensorShape" in ann and isinstance(v, dict):
-        return TensorShape(tuple(v["dims"]), DType(v["dtype"]))
-    if "DType" in ann and isinstance(v, str):
+def _typed(v: Any, hint: Any) -> Any:
+    """Rebuild a field value from JSON following its type hint."""
+    if hint is TensorShape:
+        return TensorShape(tuple(int(d) for d in v["dims"]), DType(v["dtype"]))
+    if hint is DType:
         return DType(v)
-    if v == "inf":
-        return math.inf
-    if v == "-inf":
-        return -math.inf
-    if isinstance(v, list):
-        return tuple(_typed(x, "") if not isinstance(x, list) else tuple(x) for x in v)
+    if hint is float:
+        return math.inf if v == "inf" else -math.inf if v == "-inf" else float(v)
+    if hint is bool:
+        if not isinstance(v, bool):
+            raise TypeError(f"expected a boolean, got {v!r}")
+        return v
+    if hint is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"expected an integer, got {v!r}")
+        return v
+    if hint is str:
+        if not isinstance(v, str):
+            raise TypeError(f"expected a string, got {v!r}")
+        return v
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(v, list):
+            raise TypeError(f"expected a list, got {v!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_typed(x, args[0]) for x in v)
+        if len(args) != len(v):
+            raise TypeError(f"expected {len(args)} items, got {len(v)}")
+        return tuple(_typed(x, a) for x, a in zip(v, args, strict=True))
     return v
 
 

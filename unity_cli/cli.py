@@ -1,0 +1,115 @@
+"""The ``unity`` command line: thin click commands over the library."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import UnityError, UsageError
+
+
+def _fail(e: BaseException, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(1)
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a UnityError (and any unexpected crash) into one line on stderr and exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, debug: bool = False, **kwargs: Any) -> Any:
+        debug = debug or click.get_current_context().find_root().params.get("debug", False)
+        try:
+            return fn(*args, **kwargs)
+        except UnityError as e:
+            _fail(e, debug)
+        except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
+            raise
+        except Exception as e:  # a bug: still one line, with a hint to get the traceback
+            if debug:
+                _fail(e, True)
+            click.echo(f"error: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+                       err=True)
+            sys.exit(1)
+
+    return click.option("--debug", is_flag=True, help="Show the traceback on errors.")(wrapper)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="unity")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+def main(debug: bool) -> None:
+    """unity: jointly optimize algebraic rewrites and parallelization of DNN training."""
+
+
+def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for v in values:
+        name, sep, dims = v.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--input {v!r}: expected NAME=d0,d1,...")
+        try:
+            shape = tuple(int(x) for x in dims.replace("x", ",").split(",") if x.strip())
+        except ValueError:
+            raise UsageError(f"--input {v!r}: dims must be integers, e.g. {name}=8,128") from None
+        if not shape or any(d < 1 for d in shape):
+            raise UsageError(f"--input {v!r}: dims must be positive integers")
+        out[name] = shape
+    return out
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False),
+              help="Cluster spec YAML (default: this machine).")
+@click.option("--batch-size", type=int, help="Leading dim of every (non-weight) graph input.")
+@click.option("--input", "inputs", multiple=True, metavar="NAME=DIMS", help="Concrete shape of one input.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam", show_default=True,
+              help="Optimizer whose state is counted in memory.")
+@click.option("--strategy", default="best", show_default=True,
+              help="best | data_parallel | tensor_parallel")
+@click.option("--out", "out_path", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@handles_errors
+def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
+             optimizer: str, strategy: str, out_path: str, as_json: bool) -> None:
+    """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
+    from .cluster import load_cluster, local_cluster
+    from .cost.model import CostConfig, Optimizer
+    from .ir import DType
+    from .onnx_import import DEFAULT_BATCH, ImportOptions, import_model
+    from .plan.build import make_plan
+    from .report.summary import summary
+    from .search.optimize import optimize as run_search
+
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
+    cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
+    imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
+    config = CostConfig(DType(dtype), Optimizer(optimizer))
+    result = run_search(imported.pcg, cluster, config, strategy)
+    plan = make_plan(imported, cluster, config, result)
+    plan.save(out_path)
+    notes = []
+    if imported.batch_defaulted:
+        notes.append(f"the model's batch dim is symbolic; planned for batch {DEFAULT_BATCH} (set --batch-size)")
+    if as_json:
+        doc = {"plan": out_path, "strategy": plan.strategy, "predicted": plan.predicted,
+               "baselines": plan.baselines, "model": plan.model, "notes": notes}
+        click.echo(json.dumps(doc, sort_keys=True))
+    else:
+        click.echo(summary(plan, out_path, notes))
+
+
+if __name__ == "__main__":
+    main()

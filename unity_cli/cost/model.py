@@ -1,0 +1,293 @@
+"""The cost of one training step of a mapped PCG: compute, communication, memory.
+
+Every operator piece costs a roofline estimate (or a measurement, once profiled) forward
+and backward; every parallel operator costs the collective it implies. A list-scheduling
+simulation over two streams per device (compute and communication) turns these into a
+step time, so independent work overlaps and the weight-gradient all-reduce hides behind
+the rest of the backward pass where it can.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ..cluster.machine_view import MachineView, parallel_axes
+from ..cluster.spec import ClusterSpec
+from ..ir.dtypes import DType
+from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs
+from ..ir.ops.shape_ops import ReshapeAttrs
+from ..ir.ops.sources import InputAttrs, WeightAttrs
+from ..ir.pcg import PCG
+from .comm import Collective, groups_time
+from .compute import piece_shapes, roofline
+
+
+class Optimizer(Enum):
+    SGD = "sgd"
+    MOMENTUM = "momentum"
+    ADAM = "adam"
+
+    @property
+    def states(self) -> int:
+        return {"sgd": 0, "momentum": 1, "adam": 2}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class CostConfig:
+    dtype: DType = DType.FLOAT32
+    optimizer: Optimizer = Optimizer.ADAM
+
+
+class Stream(Enum):
+    COMPUTE = "compute"
+    COMM = "comm"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One piece of work on the simulated timeline of a step (times in seconds)."""
+
+    node: int
+    phase: str                     # "fwd" | "bwd" | "sync" | "update"
+    stream: Stream
+    devices: tuple[int, ...]
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCost:
+    node: int
+    compute_fwd: float
+    compute_bwd: float
+    comm_fwd: float
+    comm_bwd: float
+    grad_sync: float
+
+    @property
+    def total(self) -> float:
+        return self.compute_fwd + self.compute_bwd + self.comm_fwd + self.comm_bwd + self.grad_sync
+
+
+@dataclass(frozen=True)
+class CostReport:
+    step_time: float
+    compute_time: float            # busiest device's compute (forward + backward + update)
+    comm_time: float               # busiest device's communication (including gradient sync)
+    memory: tuple[int, ...]        # bytes per device
+    nodes: tuple[NodeCost, ...]
+    events: tuple[Event, ...] = field(repr=False, default=())
+    infeasible: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.infeasible is None
+
+
+def layout_sources(pcg: PCG) -> list[int | None]:
+    """For each node: the source it is a stored layout of (a source, or parallel ops applied
+    straight to one), else None. Layouts are set up once, not paid every step."""
+    out: list[int | None] = []
+    for i, n in pcg:
+        if n.spec.is_source:
+            out.append(i)
+        elif n.spec.is_parallel_op and out[n.inputs[0].node] is not None:
+            out.append(out[n.inputs[0].node])
+        else:
+            out.append(None)
+    return out
+
+
+def _comm(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec,
+          dtype: DType) -> tuple[float, float]:
+    """(forward, backward) seconds of the collective a parallel op implies."""
+    n = pcg.nodes[i]
+    src = n.inputs[0]
+    x, y = pcg.shape(src), n.outputs[0]
+    vin, vout = views[src.node], views[i]
+    itemsize = dtype.itemsize if x.dtype.is_float else x.dtype.itemsize
+    piece_in = x.piece.numel * itemsize
+    piece_out = y.piece.numel * itemsize
+    rank = x.rank
+    match n.op:
+        case RepartitionAttrs(dim=dim, degree=d):
+            groups = vout.groups(y, dim, d)
+            return 0.0, groups_time(Collective.ALL_GATHER, piece_in, cluster, groups)
+        case CombineAttrs(dim=dim, degree=d) if dim == REPLICA_DIM:
+            return 0.0, 0.0
+        case CombineAttrs(dim=dim, degree=d):
+            groups = vin.groups(x, dim, d)
+            return groups_time(Collective.ALL_GATHER, piece_out, cluster, groups), 0.0
+        case ReplicateAttrs(degree=d):
+            groups = vout.groups(y, rank + 1, d)
+            return (groups_time(Collective.BROADCAST, piece_out, cluster, groups),
+                    groups_time(Collective.REDUCE, piece_out, cluster, groups))
+        case ReductionAttrs(degree=d):
+            groups = vin.groups(x, rank, d)
+            return (groups_time(Collective.REDUCE, piece_in, cluster, groups),
+                    groups_time(Collective.BROADCAST, piece_in, cluster, groups))
+    raise AssertionError(n.op)
+
+
+def _sync(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec) -> float:
+    """Gradient all-reduce of a replicated trainable weight (the backward of its Replicate)."""
+    n = pcg.nodes[i]
+    if not isinstance(n.op, ReplicateAttrs):
+        return 0.0
+    y = n.outputs[0]
+    groups = views[i].groups(y, y.rank + 1, n.op.degree)
+    return groups_time(Collective.ALL_REDUCE, y.piece.nbytes, cluster, groups)
+
+
+def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec, config: CostConfig = CostConfig()) -> CostReport:
+    """Simulate one training step (forward, backward, gradient sync, optimizer update)."""
+    layout = layout_sources(pcg)
+    devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
+    costs: list[NodeCost] = []
+    for i, n in pcg:
+        src = layout[i]
+        if n.spec.is_source:
+            costs.append(NodeCost(i, 0, 0, 0, 0, 0))
+        elif src is not None:
+            w = pcg.nodes[src].op
+            trainable = isinstance(w, WeightAttrs) and w.trainable
+            costs.append(NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster) if trainable else 0.0))
+        elif n.spec.is_parallel_op:
+            f, b = _comm(pcg, i, views, cluster, config.dtype)
+            costs.append(NodeCost(i, 0, 0, f, b, 0))
+        else:
+            ins = piece_shapes([pcg.shape(r) for r in n.inputs], config.dtype)
+            outs = piece_shapes(n.outputs, config.dtype)
+            work = n.spec.cost(n.op, ins, outs)
+            device = min((cluster.device_type(d) for d in devs[i]), key=lambda t: t.flops(config.dtype.value))
+            t = roofline(work, device, config.dtype)
+            costs.append(NodeCost(i, t.fwd, t.bwd, 0, 0, 0))
+    events = _simulate(pcg, devs, costs, layout)
+    update = _update_time(pcg, devs, layout, cluster, config)
+    end = max((e.end for e in events), default=0.0)
+    step = end
+    busiest_compute = [0.0] * cluster.num_devices
+    busiest_comm = [0.0] * cluster.num_devices
+    for e in events:
+        acc = busiest_compute if (e.stream is Stream.COMPUTE and e.phase in ("fwd", "bwd") and
+                                  costs[e.node].comm_fwd + costs[e.node].comm_bwd == 0) else busiest_comm
+        for d in e.devices:
+            acc[d] += e.end - e.start
+    upd_events = []
+    for d, t in enumerate(update):
+        if t > 0:
+            upd_events.append(Event(-1, "update", Stream.COMPUTE, (d,), end, end + t))
+            busiest_compute[d] += t
+    step = end + max(update, default=0.0)
+    memory = memory_per_device(pcg, devs, layout, cluster.num_devices, config)
+    infeasible = None
+    for d, used in enumerate(memory):
+        cap = cluster.device_type(d).memory_capacity
+        if used > cap:
+            infeasible = (f"needs {used / 2**30:.2f} GiB on device {d}, which has {cap / 2**30:.2f} GiB")
+            break
+    return CostReport(step, max(busiest_compute, default=0.0), max(busiest_comm, default=0.0), tuple(memory),
+                      tuple(costs), tuple(events) + tuple(upd_events), infeasible)
+
+
+def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
+              layout: Sequence[int | None]) -> list[Event]:
+    """List scheduling: forward in topological order, backward in reverse; each node waits
+    for its inputs (forward) or its consumers' gradients (backward) and for its devices."""
+    free_compute: dict[int, float] = {}
+    free_comm: dict[int, float] = {}
+    events: list[Event] = []
+    ready = [0.0] * len(pcg)
+    for i, n in pcg:
+        c = costs[i]
+        dur = c.compute_fwd + c.comm_fwd
+        start = max([ready[r.node] for r in n.inputs] + [free_compute.get(d, 0.0) for d in devs[i]], default=0.0)
+        if dur > 0:
+            events.append(Event(i, "fwd", Stream.COMPUTE, devs[i], start, start + dur))
+            for d in devs[i]:
+                free_compute[d] = start + dur
+        ready[i] = start + dur
+    fwd_end = max(ready, default=0.0)
+    grad_ready = [fwd_end] * len(pcg)
+    for i in range(len(pcg) - 1, -1, -1):
+        n, c = pcg.nodes[i], costs[i]
+        users = pcg.consumers[i]
+        start = max([grad_ready[u] for u, _ in users] + [fwd_end], default=fwd_end)
+        if c.grad_sync > 0:
+            s = max([start] + [free_comm.get(d, 0.0) for d in devs[i]])
+            events.append(Event(i, "sync", Stream.COMM, devs[i], s, s + c.grad_sync))
+            for d in devs[i]:
+                free_comm[d] = s + c.grad_sync
+            grad_ready[i] = s + c.grad_sync
+            continue
+        dur = c.compute_bwd + c.comm_bwd
+        if dur > 0 and layout[i] is None:
+            s = max([start] + [free_compute.get(d, 0.0) for d in devs[i]])
+            events.append(Event(i, "bwd", Stream.COMPUTE, devs[i], s, s + dur))
+            for d in devs[i]:
+                free_compute[d] = s + dur
+            grad_ready[i] = s + dur
+        else:
+            grad_ready[i] = start
+    return events
+
+
+def _stored(pcg: PCG, layout: Sequence[int | None]) -> list[bool]:
+    """Which nodes hold a buffer of their own during the step."""
+    out = []
+    for i, n in pcg:
+        if layout[i] is not None:
+            # A stored layout is the end of its chain: something other than a layout reads it.
+            out.append(any(layout[u] is None for u, _ in pcg.consumers[i]) or not pcg.consumers[i])
+        else:
+            out.append(not isinstance(n.op, ReshapeAttrs))
+    return out
+
+
+def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
+                      num_devices: int, config: CostConfig) -> list[int]:
+    """Bytes per device: weights with their gradients and optimizer state, constants,
+    inputs, and every activation kept for the backward pass."""
+    mem = [0] * num_devices
+    stored = _stored(pcg, layout)
+    for i, n in pcg:
+        if not stored[i]:
+            continue
+        shape = n.outputs[0]
+        src = layout[i]
+        if src is not None and isinstance(pcg.nodes[src].op, WeightAttrs) and pcg.nodes[src].op.trainable:
+            per = shape.piece.numel * 4 * (2 + config.optimizer.states)  # fp32 weight, grad, state
+        else:
+            per = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
+                                       not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
+                                       else o.dtype.itemsize) for o in n.outputs)
+        for d in devs[i]:
+            mem[d] += per
+    return mem
+
+
+def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
+                 cluster: ClusterSpec, config: CostConfig) -> list[float]:
+    """Optimizer update: a streaming pass over each device's weights, grads and state."""
+    t = [0.0] * cluster.num_devices
+    stored = _stored(pcg, layout)
+    passes = 3 + 2 * config.optimizer.states     # read w, g, states; write w, states
+    for i, n in pcg:
+        src = layout[i]
+        if not stored[i] or src is None:
+            continue
+        w = pcg.nodes[src].op
+        if isinstance(w, WeightAttrs) and w.trainable:
+            nbytes = n.outputs[0].piece.numel * 4 * passes
+            for d in devs[i]:
+                t[d] += nbytes / cluster.device_type(d).memory_bandwidth
+    return t
+
+
+def axes_of(pcg: PCG, i: int) -> tuple[int, ...]:
+    return parallel_axes(pcg.nodes[i].outputs[0])
+
+
+__all__ = ["CostConfig", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate", "layout_sources",
+           "InputAttrs"]

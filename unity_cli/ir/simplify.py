@@ -1,0 +1,124 @@
+"""Fusing and cancelling adjacent parallel ops, and dropping dead nodes.
+
+``Repartition(d, a)`` then ``Repartition(d, b)`` is ``Repartition(d, a*b)``;
+``Repartition(d, a)`` then ``Combine(d, a)`` is the identity (and likewise for
+``Replicate`` / ``Combine(REPLICA_DIM)`` and for ``Combine`` then ``Repartition``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs
+from .pcg import PCG, GraphBuilder, TensorRef
+
+IDENTITY = "identity"
+
+
+def _axis(op: Any) -> tuple[str, int] | None:
+    """(kind of axis, index) that a parallel op changes, and in which direction."""
+    match op:
+        case RepartitionAttrs(dim=d):
+            return ("dim", d)
+        case CombineAttrs(dim=d) if d == REPLICA_DIM:
+            return ("copy", 0)
+        case CombineAttrs(dim=d):
+            return ("dim", d)
+        case ReplicateAttrs():
+            return ("copy", 0)
+        case ReductionAttrs():
+            return ("sum", 0)
+    return None
+
+
+def _signed(op: Any) -> int:
+    """+degree for ops that add pieces along their axis, -degree for ops that remove them."""
+    grows = isinstance(op, RepartitionAttrs | ReplicateAttrs)
+    return op.degree if grows else -op.degree
+
+
+def _make(first: Any, net: int) -> Any:
+    """A parallel op on ``first``'s axis with net effect ``net`` (a ratio as +k or -k)."""
+    kind, d = _axis(first)
+    if kind == "dim":
+        return RepartitionAttrs(d, net) if net > 0 else CombineAttrs(d, -net)
+    if kind == "copy":
+        return ReplicateAttrs(net) if net > 0 else CombineAttrs(REPLICA_DIM, -net)
+    return ReductionAttrs(-net)
+
+
+def fuse(first: Any, second: Any) -> Any | None:
+    """One op (or IDENTITY) equal to ``first`` followed by ``second``, or None."""
+    a, b = _axis(first), _axis(second)
+    if a is None or b is None or a != b:
+        return None
+    x, y = _signed(first), _signed(second)
+    if x > 0 and y > 0:
+        return _make(first, x * y)
+    if x < 0 and y < 0:
+        return _make(first, x * y * -1)
+    grow, shrink = (x, -y) if x > 0 else (y, -x)
+    if grow == shrink:
+        return IDENTITY
+    if x > 0 and grow % shrink == 0:
+        return _make(first, grow // shrink)
+    if x > 0 and shrink % grow == 0:
+        return _make(first, -(shrink // grow))
+    return None  # Combine then Repartition of other degrees: different groups, keep both
+
+
+def simplify(pcg: PCG) -> PCG:
+    """Fuse chains of parallel ops and drop degree-1 ones and dead nodes, to a fixed point."""
+    while True:
+        new, changed = _pass(pcg)
+        new = prune(new)
+        if not changed:
+            return new
+        pcg = new
+
+
+def _pass(pcg: PCG) -> tuple[PCG, bool]:
+    b = GraphBuilder()
+    remap: dict[TensorRef, TensorRef] = {}
+    changed = False
+    for i, n in pcg:
+        ins = [remap[r] for r in n.inputs]
+        if n.spec.is_parallel_op:
+            if n.op.degree == 1:
+                remap[TensorRef(i, 0)] = ins[0]
+                changed = True
+                continue
+            prev = pcg.nodes[n.inputs[0].node]
+            if prev.spec.is_parallel_op and len(pcg.consumers[n.inputs[0].node]) == 1:
+                fused = fuse(prev.op, n.op)
+                if fused is not None:
+                    changed = True
+                    base = b.nodes[ins[0].node].inputs[0]
+                    remap[TensorRef(i, 0)] = base if fused is IDENTITY else b.add1(fused, [base], n.name)
+                    continue
+        outs = b.add(n.op, ins, n.name, outputs=n.outputs if n.spec.is_source else None)
+        for k, o in enumerate(outs):
+            remap[TensorRef(i, k)] = o
+    return b.build([remap[r] for r in pcg.outputs]), changed
+
+
+def prune(pcg: PCG) -> PCG:
+    """Drop nodes nothing reads (keeping graph outputs and sources)."""
+    live = [False] * len(pcg)
+    for r in pcg.outputs:
+        live[r.node] = True
+    for i in range(len(pcg) - 1, -1, -1):
+        n = pcg.nodes[i]
+        if live[i]:
+            for r in n.inputs:
+                live[r.node] = True
+        elif n.spec.is_source:
+            live[i] = False
+    if all(live):
+        return pcg
+    b = GraphBuilder()
+    remap: dict[int, int] = {}
+    for i, n in pcg:
+        if live[i]:
+            ins = [TensorRef(remap[r.node], r.index) for r in n.inputs]
+            remap[i] = b.add(n.op, ins, n.name, outputs=n.outputs)[0].node
+    return b.build([TensorRef(remap[r.node], r.index) for r in pcg.outputs])

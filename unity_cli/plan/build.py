@@ -1,0 +1,38 @@
+"""Turning a search result into a :class:`Plan`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cluster.spec import ClusterSpec
+from ..cost.model import CostConfig, CostReport
+from ..onnx_import import ImportedModel
+from ..search.optimize import SearchResult
+from .plan import Plan
+
+
+def report_summary(report: CostReport, devices: int) -> dict:
+    return {
+        "step_time_ms": round(report.step_time * 1e3, 6),
+        "compute_ms": round(report.compute_time * 1e3, 6),
+        "comm_ms": round(report.comm_time * 1e3, 6),
+        "max_memory_bytes": max(report.memory, default=0),
+        "devices": devices,
+        "feasible": report.feasible,
+        **({"infeasible": report.infeasible} if report.infeasible else {}),
+    }
+
+
+def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, result: SearchResult) -> Plan:
+    chosen = result.chosen
+    predicted = report_summary(chosen.report, chosen.baseline.devices)
+    predicted["memory_bytes"] = list(chosen.report.memory)
+    model_info = {
+        "path": Path(model.path).as_posix(),
+        "sha256": model.sha256,
+        "inputs": {k: {"dims": list(v.dims), "dtype": v.dtype.value} for k, v in sorted(model.inputs.items())},
+        "outputs": list(model.outputs),
+        "batch_size": model.batch_size,
+    }
+    baselines = {name: report_summary(c.report, c.baseline.devices) for name, c in sorted(result.candidates.items())}
+    return Plan(model_info, cluster, {"dtype": config.dtype.value, "optimizer": config.optimizer.value},
+                chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines)

@@ -1,0 +1,147 @@
+"""The plan file: everything ``unity run`` needs, in one versioned, deterministic JSON document.
+
+Deterministic means the same inputs give a byte-identical file: keys are sorted, node
+ids are topological positions, floats are written by ``repr`` (which round-trips), and
+nothing time- or machine-dependent (clocks, absolute paths) goes in.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..cluster.machine_view import MachineView, check_view
+from ..cluster.spec import ClusterSpec
+from ..errors import PlanError, UnityError
+from ..ir import PCG, DType, GraphBuilder, TensorRef
+from ..ir.opspec import attrs_from_json, attrs_to_json
+from ..ir.shapes import ParallelDim, ParallelTensorShape
+from ..ir.validate import problems
+
+FORMAT = "unity-plan/1"
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: dict[str, Any]          # path, sha256, inputs {name: {dims, dtype}}, outputs, batch_size
+    cluster: ClusterSpec
+    config: dict[str, Any]         # dtype, optimizer
+    strategy: str
+    pcg: PCG
+    views: tuple[MachineView, ...]
+    predicted: dict[str, Any]      # step_time_ms, compute_ms, comm_ms, memory_bytes
+    baselines: dict[str, dict[str, Any]]
+    rewrites: tuple[dict[str, Any], ...] = ()
+    search: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        nodes = []
+        for i, n in self.pcg:
+            nodes.append({
+                "id": i,
+                "name": n.name,
+                "op": attrs_to_json(n.op),
+                "inputs": [[r.node, r.index] for r in n.inputs],
+                "outputs": [shape_to_json(s) for s in n.outputs],
+                "view": self.views[i].to_json(),
+            })
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "cluster": self.cluster.to_dict(),
+            "config": self.config,
+            "strategy": self.strategy,
+            "pcg": {"nodes": nodes, "outputs": [[r.node, r.index] for r in self.pcg.outputs]},
+            "predicted": self.predicted,
+            "baselines": self.baselines,
+            "rewrites": list(self.rewrites),
+            "search": self.search,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, indent=1, allow_nan=False) + "\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        try:
+            Path(path).write_text(self.dumps())
+        except OSError as e:
+            raise PlanError(f"{path}: cannot write the plan: {e.strerror}") from None
+
+    @property
+    def devices(self) -> int:
+        return max((d for i, n in self.pcg for d in self.views[i].devices(n.outputs[0])), default=0) + 1
+
+
+def shape_to_json(s: ParallelTensorShape) -> dict[str, Any]:
+    return {"sizes": list(s.sizes), "degrees": list(s.degrees), "dtype": s.dtype.value,
+            "sum": s.sum_degree, "copy": s.copy_degree}
+
+
+def shape_from_json(d: Mapping[str, Any]) -> ParallelTensorShape:
+    dims = tuple(ParallelDim(int(a), int(b)) for a, b in zip(d["sizes"], d["degrees"], strict=True))
+    return ParallelTensorShape(dims, DType(d["dtype"]), int(d["sum"]), int(d["copy"]))
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Read and check a plan; every problem is a PlanError naming the file and field."""
+    p = Path(path)
+    if not p.exists():
+        raise PlanError(f"{p}: no such file")
+    try:
+        data = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanError(f"{p}: not a JSON plan ({e})") from None
+    try:
+        return plan_from_json(data)
+    except PlanError as e:
+        raise PlanError(f"{p}: {e}") from None
+
+
+def plan_from_json(data: Any) -> Plan:
+    if not isinstance(data, dict):
+        raise PlanError("the plan is not a JSON object")
+    fmt = data.get("format")
+    if fmt != FORMAT:
+        raise PlanError(f"format: expected {FORMAT!r}, got {fmt!r}")
+    for key in ("model", "cluster", "config", "strategy", "pcg", "predicted", "baselines"):
+        if key not in data:
+            raise PlanError(f"{key}: missing")
+    try:
+        cluster = ClusterSpec.from_dict(data["cluster"], source="plan")
+    except UnityError as e:
+        raise PlanError(f"cluster: {e}") from None
+    b = GraphBuilder()
+    views = []
+    nodes = data["pcg"].get("nodes") if isinstance(data["pcg"], dict) else None
+    if not isinstance(nodes, list):
+        raise PlanError("pcg.nodes: missing or not a list")
+    for i, nd in enumerate(nodes):
+        where = f"pcg.nodes[{i}]"
+        try:
+            if nd["id"] != i:
+                raise PlanError(f"{where}.id: expected {i}, got {nd['id']}")
+            op = attrs_from_json(nd["op"])
+            ins = [TensorRef(int(a), int(k)) for a, k in nd["inputs"]]
+            outs = [shape_from_json(s) for s in nd["outputs"]]
+            b.add(op, ins, str(nd.get("name", "")), outputs=outs)
+            views.append(MachineView.from_json(nd["view"]))
+        except PlanError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise PlanError(f"{where}: malformed ({type(e).__name__}: {e})") from None
+    try:
+        pcg = b.build(TensorRef(int(a), int(k)) for a, k in data["pcg"]["outputs"])
+    except (UnityError, KeyError, TypeError, ValueError) as e:
+        raise PlanError(f"pcg: {e}") from None
+    bad = problems(pcg)
+    if bad:
+        raise PlanError(f"pcg: {bad[0]}")
+    for i, n in pcg:
+        why = check_view(views[i], n.outputs[0], cluster.num_devices)
+        if why:
+            raise PlanError(f"pcg.nodes[{i}].view: {why}")
+    return Plan(data["model"], cluster, data["config"], data["strategy"], pcg, tuple(views), data["predicted"],
+                data["baselines"], tuple(data.get("rewrites", ())), data.get("search", {}))

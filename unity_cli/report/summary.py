@@ -1,0 +1,54 @@
+"""The short human summary ``unity optimize`` prints."""
+from __future__ import annotations
+
+from ..cluster.spec import ClusterSpec
+from ..plan.plan import Plan
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_ms(ms: float) -> str:
+    return f"{ms:.3f} ms" if ms < 1000 else f"{ms / 1000:.2f} s"
+
+
+def describe_cluster(c: ClusterSpec) -> str:
+    parts = []
+    for node in c.nodes:
+        parts.append((node.devices, node.device.name))
+    kinds = sorted({(d, n) for d, n in parts})
+    if len(c.nodes) > 1 and len(kinds) == 1:
+        d, name = kinds[0]
+        return f"{c.name}: {len(c.nodes)} nodes x {d} {name}"
+    return f"{c.name}: " + ", ".join(f"{d} {n}" for d, n in parts)
+
+
+def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
+    m = plan.model
+    inputs = ", ".join(f"{k}[{','.join(map(str, v['dims']))}]" for k, v in m["inputs"].items())
+    lines = [f"model    {m['path']}  ({inputs})",
+             f"cluster  {describe_cluster(plan.cluster)}  ({plan.cluster.num_devices} devices), "
+             f"{plan.config['dtype']}, {plan.config['optimizer']}"]
+    lines += [f"note     {n}" for n in notes]
+    lines.append("")
+    dp = plan.baselines.get("data_parallel", {}).get("step_time_ms")
+    header = f"  {'strategy':<18}{'devices':>8}{'step time':>13}{'compute':>12}{'comm':>12}{'memory/device':>15}  {'vs DP':>6}"
+    lines.append(header)
+    for name, b in plan.baselines.items():
+        mark = "*" if name == plan.strategy else " "
+        speed = f"{dp / b['step_time_ms']:.2f}x" if dp and b["step_time_ms"] else "-"
+        mem = fmt_bytes(b["max_memory_bytes"]) + ("" if b["feasible"] else " (too big)")
+        lines.append(f"{mark} {name:<18}{b['devices']:>8}{fmt_ms(b['step_time_ms']):>13}"
+                     f"{fmt_ms(b['compute_ms']):>12}{fmt_ms(b['comm_ms']):>12}{mem:>15}  {speed:>6}")
+    p = plan.predicted
+    cap = min(plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices))
+    lines.append("")
+    lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {p['devices']} devices, "
+                 f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} per device")
+    if plan_path:
+        lines.append(f"wrote    {plan_path}")
+    return "\n".join(lines)
