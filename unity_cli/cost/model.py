@@ -140,7 +140,8 @@ def _sync(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec) 
     return groups_time(Collective.ALL_REDUCE, y.piece.nbytes, cluster, groups)
 
 
-def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec, config: CostConfig = CostConfig()) -> CostReport:
+def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
+             config: CostConfig = CostConfig()) -> CostReport:
     """Simulate one training step (forward, backward, gradient sync, optimizer update)."""
     layout = layout_sources(pcg)
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]

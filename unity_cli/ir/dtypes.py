@@ -38,7 +38,8 @@ class DType(Enum):
         try:
             return _FROM_ONNX[elem_type]
         except KeyError:
-            name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else str(elem_type)
+            known = elem_type in TensorProto.DataType.values()
+            name = TensorProto.DataType.Name(elem_type) if known else str(elem_type)
             raise ValueError(f"unsupported element type {name}") from None
 
     @staticmethod

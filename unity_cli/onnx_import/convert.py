@@ -20,8 +20,8 @@ from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, ShapeError, UnityError, UnsupportedOpError
 from ..ir import PCG, DType, GraphBuilder, TensorRef, TensorShape
-from ..ir.opspec import spec_for_onnx
 from ..ir.ops.sources import InputAttrs, WeightAttrs
+from ..ir.opspec import spec_for_onnx
 from ..ir.shapes import ParallelTensorShape
 from .load import file_sha256, load_onnx, tensor_value
 from .node import OnnxInput, OnnxNode
@@ -202,7 +202,7 @@ class _Importer:
         for name in node.input:
             if name and name not in self.shapes:
                 raise ModelError(f"input {name!r} is never produced")
-            ins.append(OnnxInput(name, self.shapes.get(name) if name else None, self.values.get(name) if name else None))
+            ins.append(OnnxInput(name, self.shapes.get(name), self.values.get(name)))
         onode = OnnxNode(node.op_type, node.name, self.opset, ins, list(node.output), OnnxNode.attributes(node))
         if self._fold(node, onode):
             return

@@ -30,7 +30,8 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # protobuf raises DecodeError (and friends) on garbage
-        raise ModelError(f"{p}: not a valid ONNX file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
+        detail = str(e).splitlines()[0] if str(e) else "unreadable"
+        raise ModelError(f"{p}: not a valid ONNX file ({type(e).__name__}: {detail})") from None
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{p}: not a valid ONNX file (no graph in it)")
     if not model.opset_import:
@@ -60,7 +61,8 @@ def tensor_value(t: onnx.TensorProto, base_dir: Path, model_path: Path) -> np.nd
         try:
             external_data_helper.load_external_data_for_tensor(t2, str(base_dir))
         except Exception as e:
-            raise ModelError(f"{model_path}: cannot read external data of {t.name!r} from {info.location}: {e}") from None
+            raise ModelError(f"{model_path}: cannot read external data of {t.name!r} "
+                             f"from {info.location}: {e}") from None
         t = t2
     try:
         return numpy_helper.to_array(t)

@@ -17,14 +17,16 @@ def fmt_ms(ms: float) -> str:
 
 
 def describe_cluster(c: ClusterSpec) -> str:
-    parts = []
+    """``name: 4 nodes x 8 a100-40gb`` (runs of equal nodes grouped)."""
+    groups: list[list] = []
     for node in c.nodes:
-        parts.append((node.devices, node.device.name))
-    kinds = sorted({(d, n) for d, n in parts})
-    if len(c.nodes) > 1 and len(kinds) == 1:
-        d, name = kinds[0]
-        return f"{c.name}: {len(c.nodes)} nodes x {d} {name}"
-    return f"{c.name}: " + ", ".join(f"{d} {n}" for d, n in parts)
+        key = (node.devices, node.device.name)
+        if groups and groups[-1][0] == key:
+            groups[-1][1] += 1
+        else:
+            groups.append([key, 1])
+    parts = [f"{count} node{'s' if count > 1 else ''} x {d} {name}" for (d, name), count in groups]
+    return f"{c.name}: " + " + ".join(parts)
 
 
 def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
@@ -36,7 +38,8 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
     lines += [f"note     {n}" for n in notes]
     lines.append("")
     dp = plan.baselines.get("data_parallel", {}).get("step_time_ms")
-    header = f"  {'strategy':<18}{'devices':>8}{'step time':>13}{'compute':>12}{'comm':>12}{'memory/device':>15}  {'vs DP':>6}"
+    header = (f"  {'strategy':<18}{'devices':>8}{'step time':>13}{'compute':>12}{'comm':>12}"
+              f"{'memory/device':>15}  {'vs DP':>6}")
     lines.append(header)
     for name, b in plan.baselines.items():
         mark = "*" if name == plan.strategy else " "

@@ -20,16 +20,16 @@ from dataclasses import dataclass
 
 from ..cluster.spec import ClusterSpec
 from ..errors import ShapeError
-from ..ir.opspec import SUM, WHOLE, input_layout
 from ..ir.ops.conv import ConvAttrs
 from ..ir.ops.gather_reduce import GatherAttrs
 from ..ir.ops.linear import GemmAttrs, MatMulAttrs
 from ..ir.ops.parallel import RepartitionAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
+from ..ir.opspec import SUM, WHOLE, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape
-from .reshard import reshard
 from ..ir.simplify import simplify
+from .reshard import reshard
 
 Candidate = tuple[tuple[int, ...], int]
 """A split of one operator: the degrees of its output dims and of its contracted dim."""

@@ -9,8 +9,8 @@ only meet once a step, in the gradient all-reduce.
 from __future__ import annotations
 
 from ..cluster.machine_view import MachineView, packed_view
-from ..ir.pcg import PCG
 from ..cost.model import layout_sources
+from ..ir.pcg import PCG
 
 
 def default_views(pcg: PCG) -> tuple[MachineView, ...]:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import ShapeError
+from ...errors import ModelError, ShapeError
 from ..opspec import WHOLE, Imported, OpSpec, register
-from ..shapes import TensorShape
 from .common import need_inputs, norm_axis, streaming_cost
 
 
