@@ -6,6 +6,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -47,8 +48,30 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="unity")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def main(debug: bool) -> None:
+def cli(debug: bool) -> None:
     """unity: jointly optimize algebraic rewrites and parallelization of DNN training."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: click's own usage errors become one ``error:`` line too."""
+    try:
+        cli.main(args=argv, prog_name="unity", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e))
+        sys.exit(2)
+    except click.UsageError as e:
+        path = e.ctx.command_path.split(" ", 1) if e.ctx else []
+        hint = f" (see 'unity {path[1]} --help')" if len(path) == 2 else ""
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
+        sys.exit(2)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(1)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
 
 
 def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -67,7 +90,7 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     return out
 
 
-@main.command()
+@cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False),
               help="Cluster spec YAML (default: this machine).")
@@ -94,6 +117,9 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
 
     if batch_size is not None and batch_size < 1:
         raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
+    out_dir = Path(out_path).resolve().parent
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_path}: directory {out_dir} does not exist")
     cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
     config = CostConfig(DType(dtype), Optimizer(optimizer))

@@ -14,6 +14,7 @@ from enum import Enum
 
 from ..cluster.machine_view import MachineView, parallel_axes
 from ..cluster.spec import ClusterSpec
+from ..cluster.units import Dimension, format_quantity
 from ..ir.dtypes import DType
 from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs
 from ..ir.ops.shape_ops import ReshapeAttrs
@@ -99,10 +100,28 @@ def layout_sources(pcg: PCG) -> list[int | None]:
     return out
 
 
+def _gather_then_replicate(pcg: PCG, layout: Sequence[int | None]) -> dict[int, int]:
+    """Pairs ``Combine(dim, d)``/``Reduction(d)`` -> ``Replicate(d)`` (first -> second): one
+    all-gather / all-reduce leaves the result on all ``d`` devices, so the pair is one collective."""
+    pairs = {}
+    for i, n in pcg:
+        if not isinstance(n.op, ReplicateAttrs) or layout[i] is not None:
+            continue
+        j = n.inputs[0].node
+        prev = pcg.nodes[j].op
+        gathers = isinstance(prev, CombineAttrs) and prev.dim != REPLICA_DIM or isinstance(prev, ReductionAttrs)
+        if gathers and prev.degree == n.op.degree and len(pcg.consumers[j]) == 1:
+            pairs[j] = i
+    return pairs
+
+
 def _comm(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec,
-          dtype: DType) -> tuple[float, float]:
+          dtype: DType, fused: dict[int, int]) -> tuple[float, float]:
     """(forward, backward) seconds of the collective a parallel op implies."""
     n = pcg.nodes[i]
+    if i in fused.values():
+        return 0.0, 0.0  # its gather or reduction already left the data everywhere
+    paired = i in fused
     src = n.inputs[0]
     x, y = pcg.shape(src), n.outputs[0]
     vin, vout = views[src.node], views[i]
@@ -118,13 +137,17 @@ def _comm(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec,
             return 0.0, 0.0
         case CombineAttrs(dim=dim, degree=d):
             groups = vin.groups(x, dim, d)
-            return groups_time(Collective.ALL_GATHER, piece_out, cluster, groups), 0.0
+            back = groups_time(Collective.REDUCE_SCATTER, piece_out, cluster, groups) if paired else 0.0
+            return groups_time(Collective.ALL_GATHER, piece_out, cluster, groups), back
         case ReplicateAttrs(degree=d):
             groups = vout.groups(y, rank + 1, d)
             return (groups_time(Collective.BROADCAST, piece_out, cluster, groups),
                     groups_time(Collective.REDUCE, piece_out, cluster, groups))
         case ReductionAttrs(degree=d):
             groups = vin.groups(x, rank, d)
+            if paired:
+                t = groups_time(Collective.ALL_REDUCE, piece_in, cluster, groups)
+                return t, t
             return (groups_time(Collective.REDUCE, piece_in, cluster, groups),
                     groups_time(Collective.BROADCAST, piece_in, cluster, groups))
     raise AssertionError(n.op)
@@ -144,6 +167,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
              config: CostConfig = CostConfig()) -> CostReport:
     """Simulate one training step (forward, backward, gradient sync, optimizer update)."""
     layout = layout_sources(pcg)
+    fused_pairs = _gather_then_replicate(pcg, layout)
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
     costs: list[NodeCost] = []
     for i, n in pcg:
@@ -155,7 +179,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
             trainable = isinstance(w, WeightAttrs) and w.trainable
             costs.append(NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster) if trainable else 0.0))
         elif n.spec.is_parallel_op:
-            f, b = _comm(pcg, i, views, cluster, config.dtype)
+            f, b = _comm(pcg, i, views, cluster, config.dtype, fused_pairs)
             costs.append(NodeCost(i, 0, 0, f, b, 0))
         else:
             ins = piece_shapes([pcg.shape(r) for r in n.inputs], config.dtype)
@@ -186,7 +210,8 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     for d, used in enumerate(memory):
         cap = cluster.device_type(d).memory_capacity
         if used > cap:
-            infeasible = (f"needs {used / 2**30:.2f} GiB on device {d}, which has {cap / 2**30:.2f} GiB")
+            infeasible = (f"needs {format_quantity(used, Dimension.BYTES)} on device {d}, "
+                          f"which has {format_quantity(cap, Dimension.BYTES)}")
             break
     return CostReport(step, max(busiest_compute, default=0.0), max(busiest_comm, default=0.0), tuple(memory),
                       tuple(costs), tuple(events) + tuple(upd_events), infeasible)

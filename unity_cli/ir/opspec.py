@@ -79,6 +79,8 @@ class OpSpec:
     onnx_ops: ClassVar[tuple[str, ...]] = ()
     is_parallel_op: ClassVar[bool] = False
     is_source: ClassVar[bool] = False
+    state_inputs: ClassVar[tuple[int, ...]] = ()
+    """Inputs that are running statistics, never trained (BatchNormalization's mean and var)."""
 
     def from_onnx(self, node: Any) -> Imported:
         """Attributes from an ONNX node (see ``onnx_import.convert.OnnxNode``)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs
+from .ops.sources import InputAttrs
 from .pcg import PCG, GraphBuilder, TensorRef
 
 IDENTITY = "identity"
@@ -79,6 +80,7 @@ def simplify(pcg: PCG) -> PCG:
 def _pass(pcg: PCG) -> tuple[PCG, bool]:
     b = GraphBuilder()
     remap: dict[TensorRef, TensorRef] = {}
+    made_by: dict[int, int] = {}   # new node id -> the old node whose output it computes
     changed = False
     for i, n in pcg:
         ins = [remap[r] for r in n.inputs]
@@ -87,23 +89,32 @@ def _pass(pcg: PCG) -> tuple[PCG, bool]:
                 remap[TensorRef(i, 0)] = ins[0]
                 changed = True
                 continue
-            prev = pcg.nodes[n.inputs[0].node]
-            if prev.spec.is_parallel_op and len(pcg.consumers[n.inputs[0].node]) == 1:
+            # Fuse with the new node that computes the input, if it is a parallel op made for
+            # an old node read only by this one (not an earlier tensor an op was dropped onto).
+            prev_old = n.inputs[0].node
+            prev = b.nodes[ins[0].node]
+            if (prev.spec.is_parallel_op and made_by.get(ins[0].node) == prev_old
+                    and len(pcg.consumers[prev_old]) == 1):
                 fused = fuse(prev.op, n.op)
                 if fused is not None:
                     changed = True
-                    base = b.nodes[ins[0].node].inputs[0]
-                    remap[TensorRef(i, 0)] = base if fused is IDENTITY else b.add1(fused, [base], n.name)
+                    base = prev.inputs[0]
+                    if fused is IDENTITY:
+                        remap[TensorRef(i, 0)] = base
+                    else:
+                        remap[TensorRef(i, 0)] = b.add1(fused, [base], n.name)
+                        made_by[remap[TensorRef(i, 0)].node] = i
                     continue
         outs = b.add(n.op, ins, n.name, outputs=n.outputs if n.spec.is_source else None)
+        made_by[outs[0].node] = i
         for k, o in enumerate(outs):
             remap[TensorRef(i, k)] = o
     return b.build([remap[r] for r in pcg.outputs]), changed
 
 
 def prune(pcg: PCG) -> PCG:
-    """Drop nodes nothing reads (keeping graph outputs and sources)."""
-    live = [False] * len(pcg)
+    """Drop nodes nothing reads; graph outputs and graph inputs (fed every step) stay."""
+    live = [isinstance(n.op, InputAttrs) for _, n in pcg]
     for r in pcg.outputs:
         live[r.node] = True
     for i in range(len(pcg) - 1, -1, -1):
@@ -111,8 +122,6 @@ def prune(pcg: PCG) -> PCG:
         if live[i]:
             for r in n.inputs:
                 live[r.node] = True
-        elif n.spec.is_source:
-            live[i] = False
     if all(live):
         return pcg
     b = GraphBuilder()

@@ -17,6 +17,9 @@ def problems(pcg: PCG) -> list[str]:
         if n.spec.is_source:
             if n.inputs:
                 out.append(f"{where}: a source has inputs")
+            if n.outputs != n.spec.infer_parallel(n.op, ()):
+                out.append(f"{where}: stored output {[str(s) for s in n.outputs]} differs from its "
+                           f"declared shape {n.op.shape}")
             continue
         try:
             want = spec_of(n.op).infer_parallel(n.op, [pcg.shape(r) for r in n.inputs])

@@ -61,12 +61,17 @@ def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions
     """Import an ONNX file; every failure is a ModelError naming the file (and node)."""
     p = Path(path)
     model = load_onnx(p)
+    importer = _Importer(model, p, options)
     try:
-        return _Importer(model, p, options).run()
+        return importer.run()
     except UnityError as e:
         msg = str(e)
         if not msg.startswith(str(p)):
             msg = f"{p}: {msg}"
+        if importer.fixed_batch:
+            name, fixed = importer.fixed_batch[0]
+            msg += (f" (input {name!r} was exported with a fixed batch of {fixed}, which --batch-size changed; "
+                    "shapes baked into the model may not follow)")
         raise type(e)(msg) if isinstance(e, ModelError) else ModelError(msg) from None
 
 
@@ -83,9 +88,13 @@ class _Importer:
         self.refs: dict[str, TensorRef] = {}
         self.initializers = {t.name: t for t in model.graph.initializer}
         self.from_constant_of_shape: set[str] = set()
+        # Constants whose values are unknown (external data left out) and what is computed
+        # from them alone: shapes are known, values are not.
+        self.opaque: set[str] = set()
         self.constants: dict[str, np.ndarray] = {}
         self.weights: list[str] = []
         self.folded = 0
+        self.fixed_batch: list[tuple[str, int]] = []   # inputs whose fixed batch --batch-size changed
         self.used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
 
     # -- inputs ----------------------------------------------------------------
@@ -100,6 +109,8 @@ class _Importer:
             if name not in known:
                 raise ModelError(f"--input {name}: the model has no such input (inputs: {', '.join(sorted(known))})")
         batch = opts.batch_size
+        if batch is None:  # inputs left symbolic share the batch of those given with --input
+            batch = next((opts.input_shapes[i.name][0] for i in graph_inputs if opts.input_shapes.get(i.name)), None)
         defaulted = False
         out = {}
         for vi in graph_inputs:
@@ -111,11 +122,16 @@ class _Importer:
                 dims = tuple(opts.input_shapes[vi.name])
                 if any(d < 1 for d in dims):
                     raise ModelError(f"--input {vi.name}: dims must be >= 1, got {list(dims)}")
+                if tt.HasField("shape") and len(dims) != len(tt.shape.dim):
+                    raise ModelError(f"--input {vi.name}: the input has {len(tt.shape.dim)} dims, "
+                                     f"got {len(dims)} ({','.join(map(str, dims))})")
                 out[vi.name] = TensorShape(dims, dtype)
                 continue
             dims = []
             for k, d in enumerate(tt.shape.dim):
                 if k == 0 and batch is not None:
+                    if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != batch:
+                        self.fixed_batch.append((vi.name, d.dim_value))
                     dims.append(batch)
                 elif d.HasField("dim_value") and d.dim_value > 0:
                     dims.append(d.dim_value)
@@ -133,15 +149,15 @@ class _Importer:
 
     # -- sources ---------------------------------------------------------------
 
-    def _ref(self, name: str) -> TensorRef:
+    def _ref(self, name: str, frozen: bool = False) -> TensorRef:
         """The PCG tensor for an ONNX tensor name, creating weight/constant nodes lazily."""
         if name in self.refs:
             return self.refs[name]
-        if name not in self.values and name not in self.initializers:
+        if name not in self.values and name not in self.initializers and name not in self.opaque:
             raise ModelError(f"tensor {name!r} is used before it is produced")
         shape = self.shapes[name]
         value = self.values.get(name)
-        trainable = self._trainable(name, shape, value)
+        trainable = not frozen and self._trainable(name, shape, value)
         ref = self.builder.add(WeightAttrs(shape, trainable), (), name)[0]
         if trainable:
             self.weights.append(name)
@@ -176,6 +192,8 @@ class _Importer:
             # Trainable weights are never folded through: only constants get a value here.
             if value is not None and not self._trainable(name, shape, value):
                 self.values[name] = value
+            elif value is None and not self._trainable(name, shape, None):
+                self.opaque.add(name)
         for node in _topological(self.model.graph):
             try:
                 self._node(node)
@@ -207,11 +225,13 @@ class _Importer:
         if self._fold(node, onode):
             return
         spec = spec_for_onnx(node.op_type)
+        if spec is None and self._fold_shape_only(node):
+            return
         if spec is None:
             raise UnsupportedOpError(f"no specification for op {node.op_type} "
                                      "(it is not foldable: its inputs are not all known at import)")
         imported = spec.from_onnx(onode)
-        refs = [self._ref(node.input[i]) for i in imported.tensor_inputs]
+        refs = [self._ref(node.input[i], frozen=i in spec.state_inputs) for i in imported.tensor_inputs]
         outs = self.builder.add(imported.attrs, refs, node.name or node.output[0])
         extra = [o for o in node.output[len(outs):] if o in self.used]
         if extra:
@@ -223,6 +243,8 @@ class _Importer:
 
     def _alias(self, dst: str, src: str) -> None:
         self.shapes[dst] = self.shapes[src]
+        if src in self.opaque:
+            self.opaque.add(dst)
         if src in self.values:
             self.values[dst] = self.values[src]
         if src in self.refs:
@@ -263,6 +285,39 @@ class _Importer:
         self.folded += 1
         return True
 
+    def _fold_shape_only(self, node: onnx.NodeProto) -> bool:
+        """A node computed from constants alone is a constant even where some of their values
+        are unknown (a model imported without its external data file): keep its outputs as
+        constants of the shapes onnx's shape inference gives them."""
+        names = [i for i in node.input if i]
+        if not any(i in self.opaque for i in names) or \
+                not all(i in self.values or i in self.opaque for i in names):
+            return False
+        graph_inputs = [onnx.helper.make_tensor_value_info(n, _onnx_type(self.shapes[n].dtype), self.shapes[n].dims)
+                        for n in names]
+        outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
+        g = onnx.helper.make_graph([node], "shape", graph_inputs, outputs)
+        m = onnx.helper.make_model(g, opset_imports=list(self.model.opset_import))
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True).graph.output
+        except Exception:
+            return False
+        shapes = {}
+        for vi in inferred:
+            tt = vi.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+            if not tt.HasField("shape") or any(d < 0 for d in dims):
+                return False
+            shapes[vi.name] = TensorShape(tuple(dims), _dtype(tt.elem_type, f"output {vi.name!r}"))
+        if any(o and o not in shapes for o in node.output):
+            return False
+        for o in node.output:
+            if o:
+                self.shapes[o] = shapes[o]
+                self.opaque.add(o)
+        self.folded += 1
+        return True
+
     def _evaluate(self, node: onnx.NodeProto, onode: OnnxNode) -> list[np.ndarray] | None:
         feeds = {i.name: i.value for i in onode.inputs if i.name}
         graph_inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
@@ -288,11 +343,17 @@ class _Importer:
 
 def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # failures are expected: the reference evaluator takes over
     opts.intra_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def _onnx_type(dtype: DType) -> int:
+    if dtype is DType.BFLOAT16:  # numpy has no bfloat16
+        return onnx.TensorProto.BFLOAT16
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype.value))
 
 
 def _dtype(elem_type: int, what: str) -> DType:

@@ -2,7 +2,7 @@
 
 Deterministic means the same inputs give a byte-identical file: keys are sorted, node
 ids are topological positions, floats are written by ``repr`` (which round-trips), and
-nothing time- or machine-dependent (clocks, absolute paths) goes in.
+nothing time-dependent goes in. The model path is stored as the user gave it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from ..cluster.machine_view import MachineView, check_view
 from ..cluster.spec import ClusterSpec
-from ..errors import PlanError, UnityError
+from ..errors import PlanError, ShapeError, UnityError
 from ..ir import PCG, DType, GraphBuilder, TensorRef
 from ..ir.opspec import attrs_from_json, attrs_to_json
 from ..ir.shapes import ParallelDim, ParallelTensorShape
@@ -140,7 +140,10 @@ def plan_from_json(data: Any) -> Plan:
     if bad:
         raise PlanError(f"pcg: {bad[0]}")
     for i, n in pcg:
-        why = check_view(views[i], n.outputs[0], cluster.num_devices)
+        try:
+            why = check_view(views[i], n.outputs[0], cluster.num_devices)
+        except ShapeError as e:  # e.g. a stride count that does not match the tensor's axes
+            why = str(e)
         if why:
             raise PlanError(f"pcg.nodes[{i}].view: {why}")
     return Plan(data["model"], cluster, data["config"], data["strategy"], pcg, tuple(views), data["predicted"],

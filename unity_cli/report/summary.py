@@ -50,7 +50,8 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
     p = plan.predicted
     cap = min(plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices))
     lines.append("")
-    lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {p['devices']} devices, "
+    devices = f"{p['devices']} device{'s' if p['devices'] != 1 else ''}"
+    lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {devices}, "
                  f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} per device")
     if plan_path:
         lines.append(f"wrote    {plan_path}")

@@ -179,7 +179,13 @@ def _propagate(pcg: PCG, pieces: int, batch_split: int,
         outs = b.add(n.op, new_ins, n.name)
         for k, o in enumerate(outs):
             remap[TensorRef(i, k)] = o
-    return simplify(b.build([remap[r] for r in pcg.outputs]))
+    # A graph output left as partial sums (a row-split Linear at the end) is reduced: the
+    # loss needs its value, and the reduction's communication is part of the step.
+    outputs = []
+    for r in pcg.outputs:
+        s = b.shape(remap[r])
+        outputs.append(to_layout(remap[r], s.with_replicas(sum_degree=1)) if s.sum_degree > 1 else remap[r])
+    return simplify(b.build(outputs))
 
 
 def _trainable_sources(pcg: PCG) -> list[bool]:

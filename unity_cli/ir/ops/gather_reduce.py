@@ -73,9 +73,10 @@ class Reduce(OpSpec):
 
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
-        axes = node.axes(rank, default=list(range(rank)))
-        if not axes and node.attrs.get("noop_with_empty_axes", 0):
-            axes = ()
+        if not node.axes_raw() and node.attrs.get("noop_with_empty_axes", 0):
+            axes: tuple[int, ...] = ()  # no axes + noop_with_empty_axes: the identity
+        else:
+            axes = node.axes(rank, default=list(range(rank)))
         return Imported(ReduceAttrs(REDUCE_MODES[node.op_type], tuple(axes), bool(node.attrs.get("keepdims", 1))),
                         (0,))
 

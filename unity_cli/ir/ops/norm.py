@@ -44,6 +44,7 @@ class BatchNorm(OpSpec):
     kind = "BatchNormalization"
     attrs_type = BatchNormAttrs
     onnx_ops = ("BatchNormalization",)
+    state_inputs = (3, 4)
 
     def from_onnx(self, node) -> Imported:
         a = node.attrs

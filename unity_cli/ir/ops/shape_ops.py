@@ -108,7 +108,9 @@ class Reshape(OpSpec):
                         raise ModelError(f"Reshape of {list(x.dims)} to {target} does not fit")
                     dims[dims.index(-1)] = x.numel // known
             case "Flatten":
-                axis = norm_axis("Flatten", int(node.attrs.get("axis", 1)), x.rank + 1)
+                # Flatten's axis lies in [-r, r]; a negative one counts from r, not r + 1.
+                axis = int(node.attrs.get("axis", 1))
+                axis = norm_axis("Flatten", axis, x.rank + 1 if axis >= 0 else x.rank)
                 dims = [math.prod(x.dims[:axis]), math.prod(x.dims[axis:])]
             case "Squeeze":
                 axes = node.axes(x.rank, default=[k for k, d in enumerate(x.dims) if d == 1])

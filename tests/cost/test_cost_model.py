@@ -1,0 +1,251 @@
+"""Sanity of the cost model: scaling trends of data parallelism, the dtype's effect on
+compute, the collective formulas, and memory per device checked by hand."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from models.catalog import EXPORTED_DIR
+from onnx import TensorProto, helper, numpy_helper
+
+from unity_cli.cluster import Link, load_cluster
+from unity_cli.cost.comm import Collective, collective_time, group_link, groups_time
+from unity_cli.cost.model import CostConfig, Optimizer, estimate
+from unity_cli.ir import DType
+from unity_cli.onnx_import import ImportOptions, import_model
+from unity_cli.search.baselines import data_parallel, tensor_parallel
+from unity_cli.search.optimize import evaluate
+from unity_cli.search.views import default_views
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = REPO / "cluster_specs"
+
+
+@pytest.fixture(scope="module")
+def dgx8():
+    return load_cluster(SPECS / "dgx-a100-8.yaml")
+
+
+@pytest.fixture(scope="module")
+def dgx32():
+    return load_cluster(SPECS / "dgx-a100-32.yaml")
+
+
+def _absent(name: str, dims: list[int]) -> TensorProto:
+    """A float initializer whose data is in an external file that does not exist (shape only)."""
+    t = TensorProto()
+    t.name, t.data_type = name, TensorProto.FLOAT
+    t.dims.extend(dims)
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "absent.bin"), ("offset", "0"), ("length", str(math.prod(dims) * 4))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
+
+def _mlp(path: Path, d_in: int, hidden: int, d_out: int, shape_only: bool = False) -> Path:
+    """x[batch, d_in] -> MatMul -> Relu -> MatMul -> y[batch, d_out]."""
+    if shape_only:
+        w1, w2 = _absent("w1", [d_in, hidden]), _absent("w2", [hidden, d_out])
+    else:
+        rng = np.random.default_rng(0)
+        w1 = numpy_helper.from_array(rng.standard_normal((d_in, hidden)).astype(np.float32), "w1")
+        w2 = numpy_helper.from_array(rng.standard_normal((hidden, d_out)).astype(np.float32), "w2")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_in])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_out])], [w1, w2])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A conv model and an MLP, both at batch 16."""
+    tmp = tmp_path_factory.mktemp("cost")
+    return {
+        "conv": import_model(EXPORTED_DIR / "inception_tiny.onnx", ImportOptions(16)).pcg,
+        "mlp": import_model(_mlp(tmp / "mlp.onnx", 256, 1024, 256), ImportOptions(16)).pcg,
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_mlp(tmp_path_factory):
+    return _mlp(tmp_path_factory.mktemp("tiny") / "tiny.onnx", 16, 32, 8)
+
+
+def _dp(pcg, cluster, config: CostConfig | None = None):
+    return evaluate(data_parallel(pcg, cluster), cluster, config or CostConfig())
+
+
+# -- scaling -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["conv", "mlp"])
+@pytest.mark.parametrize("cluster_name", ["dgx8", "dgx32"])
+def test_data_parallel_scaling(models, request, which, cluster_name):
+    cluster = request.getfixturevalue(cluster_name)
+    reports = []
+    for n in (1, 2, 4, 8):
+        cand = _dp(models[which], cluster.first(n))
+        assert cand.baseline.devices == n
+        reports.append(cand.report)
+    compute = [r.compute_time for r in reports]
+    comm = [r.comm_time for r in reports]
+    assert all(a > b for a, b in zip(compute, compute[1:])), compute
+    assert comm[0] == 0.0
+    assert all(a <= b for a, b in zip(comm, comm[1:])), comm
+    # Memory per device falls too: activations are split, weights are not.
+    mem = [max(r.memory) for r in reports]
+    assert all(a > b for a, b in zip(mem, mem[1:])), mem
+
+
+@pytest.mark.parametrize("which", ["conv", "mlp"])
+def test_crossing_nodes_costs_more(models, dgx32, which):
+    one_node = _dp(models[which], dgx32.first(8)).report
+    two_nodes = _dp(models[which], dgx32.first(16)).report
+    assert len({dgx32.node_of(d) for d in range(16)}) == 2
+    assert two_nodes.comm_time > one_node.comm_time
+    # A slower link, not just more ranks: the 16-rank all-reduce over NVLink would cost
+    # barely more than the 8-rank one.
+    ratio = two_nodes.comm_time / one_node.comm_time
+    assert ratio > 2
+
+
+def test_one_node_of_a_big_cluster_is_the_small_cluster(models, dgx8, dgx32):
+    a = _dp(models["mlp"], dgx8).report
+    b = _dp(models["mlp"], dgx32.first(8)).report
+    assert a.step_time == b.step_time and a.memory == b.memory
+
+
+def test_bfloat16_is_faster_for_matmuls(tmp_path, dgx8):
+    pcg = import_model(_mlp(tmp_path / "big.onnx", 1024, 4096, 1024, shape_only=True), ImportOptions(512)).pcg
+    one = dgx8.first(1)
+    f32 = _dp(pcg, one, CostConfig(DType.FLOAT32)).report
+    bf16 = _dp(pcg, one, CostConfig(DType.BFLOAT16)).report
+    assert bf16.compute_time < f32.compute_time / 4
+    assert bf16.step_time < f32.step_time
+    # Activations are stored in bfloat16; weights stay float32 (master copy, grads, states).
+    assert bf16.memory[0] < f32.memory[0]
+
+
+def test_tensor_parallel_costs_a_reduction(tiny_mlp, dgx8):
+    pcg = import_model(tiny_mlp, ImportOptions(4)).pcg
+    tp = tensor_parallel(pcg, dgx8)
+    views = default_views(tp.pcg)
+    report = estimate(tp.pcg, views, dgx8, CostConfig())
+    assert report.comm_time > 0
+    assert sum(c.comm_fwd for c in report.nodes) > 0
+
+
+# -- collectives -------------------------------------------------------------------------------------
+
+
+LINK = Link(100e9, 0.0)          # no latency: the bandwidth term alone
+SLOW = Link(10e9, 5e-6)
+
+
+@pytest.mark.parametrize("kind", list(Collective))
+def test_nothing_to_do_costs_nothing(kind):
+    assert collective_time(kind, 0, 8, SLOW) == 0.0
+    assert collective_time(kind, 1e6, 1, SLOW) == 0.0
+    assert collective_time(kind, 1e6, 2, SLOW) > 0.0
+
+
+@pytest.mark.parametrize("kind", [Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL])
+def test_ring_scales_with_p_minus_one_over_p(kind):
+    n = 1e9
+    for p in (2, 3, 4, 8, 64):
+        assert collective_time(kind, n, p, LINK) == pytest.approx((p - 1) / p * n / LINK.bandwidth)
+    # With latency, each of the p-1 steps pays it once.
+    assert collective_time(kind, n, 8, SLOW) == pytest.approx(7 * SLOW.latency + 7 / 8 * n / SLOW.bandwidth)
+
+
+def test_all_reduce_ring_and_tree():
+    n = 1e9
+    for p in (2, 4, 8):
+        assert collective_time(Collective.ALL_REDUCE, n, p, LINK) == pytest.approx(2 * (p - 1) / p * n / 100e9)
+    # Tiny buffers on a high-latency link: the tree's log2(p) latency beats the ring's p-1.
+    small, p = 8.0, 64
+    ring = 2 * (p - 1) * SLOW.latency + 2 * (p - 1) / p * small / SLOW.bandwidth
+    tree = 2 * math.ceil(math.log2(p)) * SLOW.latency + 2 * small / SLOW.bandwidth
+    assert collective_time(Collective.ALL_REDUCE, small, p, SLOW) == pytest.approx(min(ring, tree)) == \
+        pytest.approx(tree)
+    # An all-reduce moves about twice an all-gather's bytes.
+    assert collective_time(Collective.ALL_REDUCE, n, 8, LINK) == \
+        pytest.approx(2 * collective_time(Collective.ALL_GATHER, n, 8, LINK))
+
+
+def test_broadcast_and_p2p():
+    n = 1e6
+    assert collective_time(Collective.BROADCAST, n, 8, SLOW) == pytest.approx(3 * SLOW.latency + n / SLOW.bandwidth)
+    assert collective_time(Collective.P2P, n, 2, SLOW) == pytest.approx(SLOW.transfer_time(n))
+
+
+def test_groups_share_the_network(dgx32):
+    inter, intra = dgx32.inter_link, dgx32.nodes[0].intra_link
+    assert group_link(dgx32, [(0, 1), (2, 3)]) == intra
+    assert group_link(dgx32, [(0, 8)]) == inter
+    shared = group_link(dgx32, [(0, 8), (1, 9), (2, 10), (3, 11)])
+    assert shared.bandwidth == pytest.approx(inter.bandwidth / 4)
+    n = 1e8
+    alone = groups_time(Collective.ALL_REDUCE, n, dgx32, [(0, 8)])
+    four = groups_time(Collective.ALL_REDUCE, n, dgx32, [(0, 8), (1, 9), (2, 10), (3, 11)])
+    assert four > alone
+    assert groups_time(Collective.ALL_REDUCE, n, dgx32, []) == 0.0
+
+
+# -- memory ------------------------------------------------------------------------------------------
+
+
+PARAMS = 16 * 32 + 32 * 8                 # w1 + w2 of the tiny MLP
+ROW = 16 + 32 + 32 + 8                    # per sample: x, h = x@w1, r = relu(h), y = r@w2
+
+
+@pytest.mark.parametrize("optimizer,states", [(Optimizer.ADAM, 2), (Optimizer.MOMENTUM, 1), (Optimizer.SGD, 0)])
+@pytest.mark.parametrize("devices", [1, 2, 4, 8])
+def test_data_parallel_memory_by_hand(tiny_mlp, dgx8, optimizer, states, devices):
+    batch = 8
+    pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg
+    report = _dp(pcg, dgx8.first(devices), CostConfig(DType.FLOAT32, optimizer)).report
+    # float32 weight + gradient + optimizer states, replicated; activations split by batch.
+    want = PARAMS * 4 * (2 + states) + (batch // devices) * ROW * 4
+    assert report.memory == (want,) * devices
+
+
+def test_data_parallel_memory_bfloat16(tiny_mlp, dgx8):
+    pcg = import_model(tiny_mlp, ImportOptions(8)).pcg
+    report = _dp(pcg, dgx8.first(4), CostConfig(DType.BFLOAT16)).report
+    assert report.memory == (PARAMS * 4 * 4 + 2 * ROW * 2,) * 4
+
+
+def test_tensor_parallel_memory_by_hand(tiny_mlp, dgx8):
+    batch = 4
+    pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg
+    tp = tensor_parallel(pcg, dgx8)
+    report = evaluate(tp, dgx8, CostConfig()).report
+    weights = PARAMS // 8 * 4 * 4                     # each weight split 8 ways
+    x = batch * 16                                    # replicated on every device
+    hidden = batch * 32 // 8 * 2                      # h and r, split by features
+    partial = batch * 8                               # y as 8 partial sums, one per device
+    per_device = weights + (x + hidden + partial) * 4
+    reduced = batch * 8 * 4                           # the reduced y, on one device
+    assert sorted(report.memory) == sorted([per_device + reduced] + [per_device] * 7)
+
+
+def test_infeasible_report_names_the_amounts(tiny_mlp, tmp_path):
+    text = (SPECS / "dgx-a100-8.yaml").read_text().replace("capacity: 40 GiB", "capacity: 4 KiB")
+    path = tmp_path / "small.yaml"
+    path.write_text(text)
+    cluster = load_cluster(path)
+    pcg = import_model(tiny_mlp, ImportOptions(8)).pcg
+    report = _dp(pcg, cluster).report
+    assert not report.feasible
+    need = max(report.memory)
+    assert report.infeasible.startswith("needs ")
+    assert "4 KiB" in report.infeasible and "on device 0" in report.infeasible
+    assert need > 4096

@@ -1,0 +1,270 @@
+"""The plan file: save -> load -> save is the identity, files are byte-identical across
+processes, the content is what the design lists, and ``load_plan`` refuses a bad plan
+with a PlanError naming the file and the field."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from models.catalog import EXPORTED_DIR
+from onnx import TensorProto, helper, numpy_helper
+
+from unity_cli.cluster import ClusterSpec, load_cluster
+from unity_cli.cluster.machine_view import check_view
+from unity_cli.cost.model import CostConfig
+from unity_cli.errors import PlanError
+from unity_cli.onnx_import import ImportOptions, import_model
+from unity_cli.plan.build import make_plan
+from unity_cli.plan.plan import FORMAT, Plan, load_plan, plan_from_json
+from unity_cli.search.optimize import optimize
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = REPO / "cluster_specs"
+REQUIRED = ("model", "cluster", "config", "strategy", "pcg", "predicted", "baselines")
+
+
+def _make(model_path: Path, cluster_name: str, batch: int, strategy: str = "best") -> Plan:
+    imported = import_model(model_path, ImportOptions(batch))
+    cluster = load_cluster(SPECS / f"{cluster_name}.yaml")
+    config = CostConfig()
+    return make_plan(imported, cluster, config, optimize(imported.pcg, cluster, config, strategy))
+
+
+@pytest.fixture(scope="module")
+def mlp_path(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w1, w2])
+    path = tmp_path_factory.mktemp("plan") / "mlp.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bert_plan(shared_models) -> Plan:
+    return _make(shared_models / "bert_tiny.onnx", "dgx-a100-8", 4)
+
+
+@pytest.fixture()
+def plan_doc(bert_plan) -> dict:
+    return json.loads(bert_plan.dumps())
+
+
+def _roundtrip(plan: Plan, tmp_path: Path) -> None:
+    first = tmp_path / "a.json"
+    plan.save(first)
+    loaded = load_plan(first)
+    second = tmp_path / "b.json"
+    loaded.save(second)
+    assert first.read_bytes() == second.read_bytes()
+    assert loaded.pcg == plan.pcg
+    assert loaded.pcg.canonical_hash == plan.pcg.canonical_hash
+    assert loaded.views == plan.views
+    assert loaded.cluster == plan.cluster
+    assert loaded.predicted == plan.predicted and loaded.baselines == plan.baselines
+    assert loaded.model == plan.model and loaded.strategy == plan.strategy and loaded.config == plan.config
+
+
+def test_roundtrip_bert(bert_plan, tmp_path):
+    _roundtrip(bert_plan, tmp_path)
+
+
+@pytest.mark.parametrize("cluster", ["dgx-a100-8", "dgx-a100-32", "mixed-a100-v100"])
+@pytest.mark.parametrize("strategy", ["data_parallel", "tensor_parallel"])
+def test_roundtrip_strategies(mlp_path, tmp_path, cluster, strategy):
+    _roundtrip(_make(mlp_path, cluster, 8, strategy), tmp_path)
+
+
+def test_roundtrip_exported(tmp_path):
+    _roundtrip(_make(EXPORTED_DIR / "gpt2_tiny.onnx", "dgx-a100-32", 8, "tensor_parallel"), tmp_path)
+
+
+def test_plan_content(bert_plan, shared_models):
+    doc = json.loads(bert_plan.dumps())
+    assert doc["format"] == FORMAT == "unity-plan/1"
+    model = shared_models / "bert_tiny.onnx"
+    assert doc["model"]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert doc["model"]["inputs"] == {"input_ids": {"dims": [4, 32], "dtype": "int64"}}
+    assert doc["model"]["batch_size"] == 4
+    cluster = load_cluster(SPECS / "dgx-a100-8.yaml")
+    assert ClusterSpec.from_dict(doc["cluster"]) == cluster
+    assert doc["strategy"] in doc["baselines"]
+    assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel"}
+    for b in doc["baselines"].values():
+        assert {"step_time_ms", "compute_ms", "comm_ms", "max_memory_bytes", "devices", "feasible"} <= set(b)
+    predicted = doc["predicted"]
+    assert {"step_time_ms", "compute_ms", "comm_ms", "memory_bytes"} <= set(predicted)
+    assert len(predicted["memory_bytes"]) == cluster.num_devices
+    assert max(predicted["memory_bytes"]) == predicted["max_memory_bytes"] > 0
+    assert predicted["step_time_ms"] == doc["baselines"][doc["strategy"]]["step_time_ms"] > 0
+    nodes = doc["pcg"]["nodes"]
+    assert [n["id"] for n in nodes] == list(range(len(nodes)))
+    for n in nodes:
+        assert n["outputs"], n
+        for s in n["outputs"]:
+            assert set(s) == {"sizes", "degrees", "dtype", "sum", "copy"}
+            assert len(s["sizes"]) == len(s["degrees"])
+        assert set(n["view"]) == {"start", "strides"}
+    for i, n in bert_plan.pcg:
+        assert check_view(bert_plan.views[i], n.outputs[0], cluster.num_devices) is None
+
+
+def test_plan_text_is_canonical(bert_plan):
+    text = bert_plan.dumps()
+    assert text.endswith("\n")
+    assert text == json.dumps(json.loads(text), sort_keys=True, indent=1) + "\n"
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_byte_identical_across_processes(tmp_path):
+    """Different PYTHONHASHSEEDs (and so different set/dict-of-str orders) give the same bytes."""
+    exe = Path(sys.executable).parent / "unity"
+    cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "unity_cli.cli"]
+    model = EXPORTED_DIR / "gpt2_tiny.onnx"
+    outs = []
+    for seed in ("1", "12345"):
+        out = tmp_path / seed / "plan.json"
+        out.parent.mkdir()
+        r = subprocess.run(cmd + ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-32.yaml"),
+                                  "--batch-size", "8", "--out", str(out)],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_same_inputs_same_bytes_in_process(mlp_path):
+    a = _make(mlp_path, "dgx-a100-32", 16).dumps()
+    b = _make(mlp_path, "dgx-a100-32", 16).dumps()
+    assert a == b
+
+
+# -- refusing bad plans ---------------------------------------------------------------------
+
+
+def _load_doc(doc, tmp_path: Path) -> PlanError:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError) as e:
+        load_plan(path)
+    assert str(e.value).startswith(f"{path}: ")
+    return e.value
+
+
+def _node_index(doc: dict, kind: str) -> int:
+    return next(i for i, n in enumerate(doc["pcg"]["nodes"]) if n["op"]["kind"] == kind)
+
+
+def test_rejects_wrong_format(plan_doc, tmp_path):
+    plan_doc["format"] = "unity-plan/0"
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert "format" in msg and "unity-plan/0" in msg
+
+
+@pytest.mark.parametrize("key", REQUIRED)
+def test_rejects_missing_key(plan_doc, tmp_path, key):
+    del plan_doc[key]
+    assert f"{key}: missing" in str(_load_doc(plan_doc, tmp_path))
+
+
+def test_rejects_wrong_stored_shape(plan_doc, tmp_path):
+    i = _node_index(plan_doc, "MatMul")
+    name = plan_doc["pcg"]["nodes"][i]["name"]
+    plan_doc["pcg"]["nodes"][i]["outputs"][0]["sizes"][-1] += 1
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert "pcg" in msg and f"%{i}" in msg and name in msg and "stored outputs" in msg
+
+
+def test_rejects_wrong_stored_degree(plan_doc, tmp_path):
+    i = _node_index(plan_doc, "MatMul")
+    out = plan_doc["pcg"]["nodes"][i]["outputs"][0]
+    out["degrees"][0] = 2 if out["degrees"][0] != 2 else 1
+    assert f"%{i}" in str(_load_doc(plan_doc, tmp_path))
+
+
+def test_rejects_view_outside_cluster(plan_doc, tmp_path):
+    i = _node_index(plan_doc, "MatMul")
+    plan_doc["pcg"]["nodes"][i]["view"]["start"] = 7
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert f"pcg.nodes[{i}].view" in msg and "outside" in msg
+
+
+def test_rejects_view_with_wrong_strides(plan_doc, tmp_path):
+    i = _node_index(plan_doc, "MatMul")
+    plan_doc["pcg"]["nodes"][i]["view"]["strides"] = [1]
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert f"pcg.nodes[{i}].view" in msg
+
+
+def test_rejects_overlapping_view(plan_doc, tmp_path):
+    i = _node_index(plan_doc, "Repartition")
+    view = plan_doc["pcg"]["nodes"][i]["view"]
+    view["strides"] = [0] * len(view["strides"])
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert f"pcg.nodes[{i}].view" in msg and "same device" in msg
+
+
+@pytest.mark.parametrize("field", ["op", "inputs", "outputs", "view"])
+def test_rejects_malformed_node(plan_doc, tmp_path, field):
+    i = _node_index(plan_doc, "MatMul")
+    del plan_doc["pcg"]["nodes"][i][field]
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert f"pcg.nodes[{i}]" in msg and field in msg
+
+
+def test_rejects_unknown_op(plan_doc, tmp_path):
+    i = _node_index(plan_doc, "MatMul")
+    plan_doc["pcg"]["nodes"][i]["op"]["kind"] = "Frobnicate"
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert f"pcg.nodes[{i}]" in msg and "Frobnicate" in msg
+
+
+def test_rejects_bad_cluster(plan_doc, tmp_path):
+    plan_doc["cluster"]["nodes"][0]["devices"] = 0
+    msg = str(_load_doc(plan_doc, tmp_path))
+    assert msg.split(": ", 1)[1].startswith("cluster:") and "devices" in msg
+
+
+def test_rejects_dangling_output(plan_doc, tmp_path):
+    plan_doc["pcg"]["outputs"] = [[10_000, 0]]
+    assert "pcg" in str(_load_doc(plan_doc, tmp_path))
+
+
+def test_rejects_non_object(tmp_path):
+    assert "not a JSON object" in str(_load_doc([1, 2, 3], tmp_path))
+
+
+def test_rejects_non_json(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text("this is { not json\n")
+    with pytest.raises(PlanError) as e:
+        load_plan(path)
+    assert str(path) in str(e.value) and "not a JSON plan" in str(e.value)
+
+
+def test_rejects_binary_and_missing_file(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(PlanError, match="not a JSON plan"):
+        load_plan(path)
+    with pytest.raises(PlanError, match="no such file"):
+        load_plan(tmp_path / "absent.json")
+
+
+def test_plan_from_json_does_not_mutate(plan_doc):
+    before = copy.deepcopy(plan_doc)
+    plan_from_json(plan_doc)
+    assert plan_doc == before
