@@ -369,3 +369,11 @@ def test_parse_cluster_names_its_source() -> None:
         parse_cluster([1], "plan.json: cluster")
     with pytest.raises(ClusterSpecError, match=r"^<cluster spec>: name: missing"):
         ClusterSpec.from_dict({"device_types": {}, "nodes": []})
+
+
+def test_misspelled_nested_key_is_named_before_the_missing_one(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "cluster_specs" / "dgx-a100-8.yaml").read_text()
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(text.replace("latency:", "latncy:", 1))
+    with pytest.raises(ClusterSpecError, match=r"typo.yaml: .*latncy: unknown key; did you mean 'latency'"):
+        load_cluster(bad)

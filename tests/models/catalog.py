@@ -15,20 +15,19 @@ Import as ``from models.catalog import ...`` with ``tests/`` on ``sys.path``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
-
 from models.zoo9 import ZOO9
 
 SHARED_MODELS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "models"
 EXPORTED_DIR = Path(__file__).resolve().parent / "exported"
 
-InputShapes = Dict[str, List[int]]
+InputShapes = dict[str, list[int]]
 
-EXPORTED_MODELS: List[Tuple[str, InputShapes]] = [
+EXPORTED_MODELS: list[tuple[str, InputShapes]] = [
     ("gpt2_tiny.onnx", {"input_ids": [2, 16]}),
     ("gpt2_tiny_dynamo.onnx", {"input_ids": [2, 16]}),
     ("vit_tiny.onnx", {"pixel_values": [2, 3, 32, 32]}),
@@ -39,7 +38,7 @@ EXPORTED_MODELS: List[Tuple[str, InputShapes]] = [
     ("inception_tiny_dynamo.onnx", {"x": [2, 3, 32, 32]}),
 ]
 
-SHARED_MODELS: List[Tuple[str, InputShapes]] = [
+SHARED_MODELS: list[tuple[str, InputShapes]] = [
     ("bert_tiny.onnx", {"input_ids": [4, 32]}),
     ("bert_tiny_dynamo.onnx", {"input_ids": [4, 32]}),
     ("convnet_tiny.onnx", {"x": [4, 3, 16, 16]}),
@@ -49,7 +48,7 @@ SHARED_MODELS: List[Tuple[str, InputShapes]] = [
 # Exclusive upper bound for integer inputs (vocabulary / embedding-table rows).
 INT_INPUT_HIGH = {"input_ids": 500, "sparse": 1000}
 
-ZOO9_NAMES: Tuple[str, ...] = tuple(ZOO9)
+ZOO9_NAMES: tuple[str, ...] = tuple(ZOO9)
 
 
 def zoo9_model(name: str, with_weights: bool = False) -> onnx.ModelProto:
@@ -62,7 +61,7 @@ def zoo9_model(name: str, with_weights: bool = False) -> onnx.ModelProto:
 
 
 def random_feed(model: onnx.ModelProto, shapes: InputShapes,
-                seed: int = 0) -> Dict[str, np.ndarray]:
+                seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs of the given shapes, with each input's dtype taken from the
     model (int64 inputs drawn below ``INT_INPUT_HIGH``, default 10)."""
     rng = np.random.default_rng(seed)
@@ -77,12 +76,12 @@ def random_feed(model: onnx.ModelProto, shapes: InputShapes,
     return feed
 
 
-def model_path(filename: str, folder: Optional[Path] = None) -> Path:
+def model_path(filename: str, folder: Path | None = None) -> Path:
     """Path of an exported (default) or shared model file."""
     return (folder or EXPORTED_DIR) / filename
 
 
-def list_exported(which: Sequence[Tuple[str, InputShapes]] = EXPORTED_MODELS,
-                  folder: Optional[Path] = None) -> List[Tuple[Path, InputShapes]]:
+def list_exported(which: Sequence[tuple[str, InputShapes]] = EXPORTED_MODELS,
+                  folder: Path | None = None) -> list[tuple[Path, InputShapes]]:
     """``(path, shapes)`` for the files of a list that exist on disk."""
     return [(model_path(f, folder), s) for f, s in which if model_path(f, folder).is_file()]

@@ -24,7 +24,7 @@ shufflenet, inception_v1).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -42,9 +42,9 @@ class _Builder:
         self.with_weights = with_weights
         self.rng = np.random.default_rng(seed)
         self.producer = producer
-        self.nodes: List[onnx.NodeProto] = []
-        self.inits: List[TensorProto] = []
-        self.init_inputs: List[onnx.ValueInfoProto] = []
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.init_inputs: list[onnx.ValueInfoProto] = []
         self._offset = 0
         self._n = 0
 
@@ -97,7 +97,7 @@ class _Builder:
 
     # -- layers ----------------------------------------------------------
     def conv(self, x: str, cin: int, cout: int, k: int, name: str, stride: int = 1,
-             pad: Optional[int] = None, group: int = 1, bias: bool = True) -> str:
+             pad: int | None = None, group: int = 1, bias: bool = True) -> str:
         if pad is None:
             pad = k // 2
         w = self.weight(f"{name}_w", [cout, cin // group, k, k], fan_in=cin // group * k * k)
@@ -117,7 +117,7 @@ class _Builder:
                self.weight(f"{name}_var", [c], "var")]
         return self.node("BatchNormalization", ins, name, epsilon=eps, momentum=0.9)
 
-    def relu(self, x: str, name: Optional[str] = None) -> str:
+    def relu(self, x: str, name: str | None = None) -> str:
         return self.node("Relu", [x], name or f"{x}_relu")
 
     def maxpool(self, x: str, k: int, s: int, name: str,
@@ -369,7 +369,7 @@ def shufflenet(with_weights: bool = False) -> onnx.ModelProto:
     return b.model(x, "shufflenet v1 g=3 (shape-alike of the ONNX model zoo file)")
 
 
-ZOO9: Dict[str, Callable[..., onnx.ModelProto]] = {
+ZOO9: dict[str, Callable[..., onnx.ModelProto]] = {
     "alexnet": alexnet,
     "resnet50": resnet50,
     "inception_v1": inception_v1,

@@ -273,7 +273,8 @@ def _error_order(error: jsonschema.ValidationError) -> tuple[Any, ...]:
     # then document order, so the reported error is deterministic.
     path = tuple((isinstance(p, str), str(p) if isinstance(p, str) else p)
                  for p in error.absolute_path)
-    return (len(path), path)
+    # At one place, a misspelled key explains the "missing" field it was meant to be.
+    return (len(path), path, error.validator != "additionalProperties")
 
 
 def _schema_error(source: str, error: jsonschema.ValidationError) -> ClusterSpecError:
