@@ -188,8 +188,20 @@ def test_illegal_parallel_ops_are_rejected(x, data):
             apply(CombineAttrs(d, data.draw(st.sampled_from(bad))), x)
     with pytest.raises(ShapeError):
         apply(RepartitionAttrs(x.rank, 1), x)
-    with pytest.raises(ShapeError):
-        apply(ReductionAttrs(x.sum_degree * 2), x)
+    if x.sum_degree > 1:  # partial sums are reduced first; there are not twice as many
+        with pytest.raises(ShapeError):
+            apply(ReductionAttrs(x.sum_degree * 2), x)
+    else:  # without partial sums a Reduction adds up replicas, which must be there
+        bad = [k for k in range(2, 7) if x.copy_degree % k]
+        if bad:
+            with pytest.raises(ShapeError, match="replicas"):
+                apply(ReductionAttrs(data.draw(st.sampled_from(bad))), x)
+
+
+def test_reduction_of_replicas_scales():
+    x = ParallelTensorShape.of((4, 4), (1, 1))
+    copies = apply(ReplicateAttrs(2), x)
+    assert apply(ReductionAttrs(2), copies) == x  # same layout as x; the value is 2x
 
 
 # ---------------------------------------------------------------------------
@@ -240,7 +252,8 @@ def test_fuse_known_cases():
     assert fuse(ReplicateAttrs(4), CombineAttrs(REPLICA_DIM, 4)) is IDENTITY
     assert fuse(RepartitionAttrs(0, 6), CombineAttrs(0, 2)) == RepartitionAttrs(0, 3)
     assert fuse(RepartitionAttrs(0, 2), CombineAttrs(0, 6)) == CombineAttrs(0, 3)
-    assert fuse(ReductionAttrs(2), ReductionAttrs(3)) == ReductionAttrs(6)
+    # Whether a Reduction adds partial sums or replicas depends on the shape: never fused.
+    assert fuse(ReductionAttrs(2), ReductionAttrs(3)) is None
     assert fuse(CombineAttrs(0, 2), CombineAttrs(0, 3)) == CombineAttrs(0, 6)
     assert fuse(RepartitionAttrs(0, 2), RepartitionAttrs(1, 2)) is None
     assert fuse(ReplicateAttrs(2), ReductionAttrs(2)) is None

@@ -16,7 +16,14 @@ from ..cluster.machine_view import MachineView, parallel_axes
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import Dimension, format_quantity
 from ..ir.dtypes import DType
-from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs
+from ..ir.ops.parallel import (
+    REPLICA_DIM,
+    CombineAttrs,
+    ReductionAttrs,
+    RepartitionAttrs,
+    ReplicateAttrs,
+    reduces_copies,
+)
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.pcg import PCG
@@ -144,7 +151,7 @@ def _comm(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec,
             return (groups_time(Collective.BROADCAST, piece_out, cluster, groups),
                     groups_time(Collective.REDUCE, piece_out, cluster, groups))
         case ReductionAttrs(degree=d):
-            groups = vin.groups(x, rank, d)
+            groups = vin.groups(x, rank + 1 if reduces_copies(x) else rank, d)
             if paired:
                 t = groups_time(Collective.ALL_REDUCE, piece_in, cluster, groups)
                 return t, t

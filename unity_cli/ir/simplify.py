@@ -50,8 +50,8 @@ def _make(first: Any, net: int) -> Any:
 def fuse(first: Any, second: Any) -> Any | None:
     """One op (or IDENTITY) equal to ``first`` followed by ``second``, or None."""
     a, b = _axis(first), _axis(second)
-    if a is None or b is None or a != b:
-        return None
+    if a is None or b is None or a != b or a[0] == "sum":
+        return None  # a Reduction's axis (sums or replicas) depends on its input's shape
     x, y = _signed(first), _signed(second)
     if x > 0 and y > 0:
         return _make(first, x * y)

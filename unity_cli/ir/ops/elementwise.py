@@ -160,3 +160,29 @@ class Where(OpSpec):
 
     def cost(self, attrs, inputs, outputs):
         return streaming_cost(inputs, outputs, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleAttrs:
+    """``y = factor * x``: what ``Reduction`` of ``factor`` replicas computes (no ONNX op)."""
+
+    factor: int
+
+
+@register
+class Scale(OpSpec):
+    kind = "Scale"
+    attrs_type = ScaleAttrs
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        return (inputs[0],)
+
+    def roles(self, attrs, inputs):
+        return (tuple(range(inputs[0].rank)),)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        return streaming_cost(inputs, outputs, 1)

@@ -7,6 +7,10 @@
 | Replicate(d)        | copy *= d          | broadcast        | sum of gradients  |
 | Reduction(d)        | sum /= d           | reduce           | broadcast         |
 
+``Reduction(d)`` of a tensor without partial sums (``sum == 1``) adds up ``d`` of its
+replicas instead (``copy /= d``): its value is scaled by ``d``. So ``Replicate(d)`` then
+``Reduction(d)`` is ``Scale(d)``, not the identity.
+
 ``Combine(REPLICA_DIM, d)`` (``copy /= d``) keeps one replica of each group of ``d``; its
 backward hands the gradient to the kept replica (the upstream ``Replicate`` sums them).
 Along an axis, ``Repartition``/``Replicate`` split each piece into ``d`` consecutive
@@ -119,6 +123,15 @@ class Reduction(_ParallelOp):
     attrs_type = ReductionAttrs
 
     def apply(self, attrs, x):
+        if reduces_copies(x):
+            if x.copy_degree % attrs.degree:
+                raise ShapeError(f"Reduction({attrs.degree}) of a tensor with {x.copy_degree} replicas")
+            return x.with_replicas(copy_degree=x.copy_degree // attrs.degree)
         if x.sum_degree % attrs.degree:
             raise ShapeError(f"Reduction({attrs.degree}) of a tensor with {x.sum_degree} partial sums")
         return x.with_replicas(sum_degree=x.sum_degree // attrs.degree)
+
+
+def reduces_copies(x: ParallelTensorShape) -> bool:
+    """Whether a Reduction of ``x`` adds up replicas (scaling the value) rather than partial sums."""
+    return x.sum_degree == 1
