@@ -1,0 +1,161 @@
+"""Between PCG operator attributes and rank-free pattern attributes.
+
+Pattern attributes count axes from the end, describe a transpose by the permutation of
+the trailing dims it moves, a split by its number of equal parts, and a Combine of
+replicas by ``dim = "copy"``; parallel degrees may be parameters. ``to_pattern`` and
+``from_pattern`` are inverses for every attribute a rule can carry.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import ShapeError
+from ..ir.ops.parallel import REPLICA_DIM
+from ..ir.opspec import spec_by_kind, spec_of
+from ..ir.pcg import PCG, GraphBuilder, TensorRef
+from ..ir.shapes import ParallelTensorShape
+from .rule import AttrValue, Param, Pattern, PatternNode
+
+AXIS_FIELDS = {"Concat": ("axis",), "Split": ("axis",), "Repartition": ("dim",), "Combine": ("dim",),
+               "Softmax": ("axis",), "LayerNormalization": ("axis",), "Gather": ("axis",)}
+DEGREE_FIELDS = {"Repartition": "degree", "Combine": "degree", "Replicate": "degree", "Reduction": "degree",
+                 "Scale": "factor"}
+
+
+def to_pattern(kind: str, attrs: Any, rank: int, params: Mapping[int, Param] | None = None
+               ) -> tuple[tuple[str, AttrValue], ...]:
+    """Pattern attributes of a concrete op whose (first) input has ``rank`` dims.
+
+    ``params`` maps degree values to the parameter that stands for them.
+    """
+    out: dict[str, AttrValue] = {}
+    for f in dataclasses.fields(attrs):
+        v = getattr(attrs, f.name)
+        if f.name in AXIS_FIELDS.get(kind, ()):
+            v = "copy" if kind == "Combine" and v == REPLICA_DIM else v - rank
+        elif kind == "Transpose" and f.name == "perm":
+            v = perm_tail(v)
+        elif kind == "Split" and f.name == "sizes":
+            if len(set(v)) == 1:
+                f_name, v = "parts", len(v)
+                out[f_name] = v
+                continue
+            v = tuple(v)
+        elif f.name == DEGREE_FIELDS.get(kind) and params and v in params:
+            v = params[v]
+        elif hasattr(v, "value") and not isinstance(v, int | float | str | tuple):
+            v = v.value  # enums (dtypes)
+        out[f.name] = v
+    return tuple(sorted(out.items()))
+
+
+def perm_tail(perm: Sequence[int]) -> tuple[int, ...]:
+    """The trailing part of a permutation that moves dims, as negative axes."""
+    r = len(perm)
+    i = 0
+    while i < r and perm[i] == i:
+        i += 1
+    return tuple(p - r for p in perm[i:])
+
+
+def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], binding: Mapping[str, int]) -> Any:
+    """Concrete attributes for a pattern node applied to inputs of the given shapes."""
+    spec = spec_by_kind(node.kind)
+    rank = inputs[0].rank if inputs else 0
+    pat = dict(node.attrs)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(spec.attrs_type):
+        if f.name == "sizes" and node.kind == "Split" and "parts" in pat:
+            parts = _value(pat["parts"], binding)
+            axis = _value(pat["axis"], binding) + rank
+            size = inputs[0].sizes[axis]
+            if parts < 1 or size % parts:
+                raise ShapeError(f"Split into {parts} equal parts of a dim of size {size}")
+            kwargs["sizes"] = (size // parts,) * parts
+            continue
+        if f.name not in pat:
+            raise ShapeError(f"{node.kind}: pattern has no attribute {f.name!r}")
+        v = _value(pat[f.name], binding)
+        if f.name in AXIS_FIELDS.get(node.kind, ()):
+            v = REPLICA_DIM if v == "copy" else v + rank
+            if v != REPLICA_DIM and not 0 <= v < max(rank, 1):
+                raise ShapeError(f"{node.kind}: axis {pat[f.name]} does not exist in a rank-{rank} tensor")
+        elif node.kind == "Transpose" and f.name == "perm":
+            tail = tuple(v)
+            if len(tail) > rank:
+                raise ShapeError(f"Transpose of the last {len(tail)} dims of a rank-{rank} tensor")
+            v = tuple(range(rank - len(tail))) + tuple(t + rank for t in tail)
+        kwargs[f.name] = v
+    attrs = spec.attrs_type(**_retyped(spec.attrs_type, kwargs))
+    return attrs
+
+
+def _retyped(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    import typing
+
+    from ..ir.opspec import _typed
+
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for k, v in kwargs.items():
+        hint = hints[k]
+        if isinstance(v, tuple | list):
+            v = _typed(list(v), hint)
+        elif isinstance(v, str) and hint is not str:
+            v = _typed(v, hint)
+        out[k] = v
+    return out
+
+
+def _value(v: AttrValue, binding: Mapping[str, int]) -> Any:
+    if isinstance(v, Param):
+        if v.name not in binding:
+            raise ShapeError(f"parameter {v.name!r} is not bound")
+        return binding[v.name]
+    return v
+
+
+def matches_attrs(node: PatternNode, attrs: Any, rank: int, binding: dict[str, int]) -> str | None:
+    """None if a concrete op's attributes fit the pattern node (binding parameters as it
+    goes), else the reason they do not."""
+    if spec_of(attrs).kind != node.kind:
+        return f"op is {spec_of(attrs).kind}, pattern wants {node.kind}"
+    have = dict(to_pattern(node.kind, attrs, rank))
+    for k, want in node.attrs:
+        got = have.get(k)
+        if isinstance(want, Param):
+            if want.name in binding and binding[want.name] != got:
+                return f"{k}={got} but parameter {want.name} is already {binding[want.name]}"
+            binding[want.name] = got
+        elif got != want:
+            return f"{k}={got!r}, pattern wants {want!r}"
+    return None
+
+
+def instantiate(pattern: Pattern, b: GraphBuilder, inputs: Mapping[str, TensorRef],
+                binding: Mapping[str, int]) -> list[TensorRef]:
+    """Add a pattern's nodes to ``b`` over the given input tensors; returns its outputs."""
+    env = dict(inputs)
+    for n in pattern.nodes:
+        refs = [env[t] for t in n.inputs]
+        attrs = from_pattern(n, [b.shape(r) for r in refs], binding)
+        outs = b.add(attrs, refs)
+        if len(outs) != len(n.outputs):
+            raise ShapeError(f"{n.kind} makes {len(outs)} outputs, the pattern names {len(n.outputs)}")
+        env.update(zip(n.outputs, outs, strict=True))
+    return [env[t] for t in pattern.outputs]
+
+
+def build_side(pattern: Pattern, input_shapes: Mapping[str, ParallelTensorShape],
+               binding: Mapping[str, int]) -> PCG:
+    """A standalone PCG of one side of a rule over Input nodes of the given shapes."""
+    from ..ir.ops.sources import InputAttrs
+
+    b = GraphBuilder()
+    refs = {}
+    for name, shape in input_shapes.items():
+        refs[name] = b.add(InputAttrs(shape.logical), (), name, outputs=[shape])[0]
+    outs = instantiate(pattern, b, refs, binding)
+    return b.build(outs)

@@ -1,0 +1,271 @@
+"""Finding a rule's source pattern in a PCG and replacing it with the target.
+
+Matching anchors the pattern's first output at each node of the right kind and walks the
+pattern's inputs backwards; each pattern edge pins down the PCG node behind it, so the
+walk needs no search except for pattern parts not reachable from that output. A failed
+match returns the reason (a debugging aid: ``unity`` can say why a rule does not apply).
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..errors import ShapeError
+from ..ir.pcg import PCG, GraphBuilder, TensorRef
+from ..ir.simplify import prune
+from ..ir.validate import problems
+from .codec import instantiate, matches_attrs
+from .rule import Constraint, Rule
+
+
+class RewriteError(ShapeError):
+    """A match that cannot be applied (the result would not type-check)."""
+
+
+@dataclass(frozen=True)
+class Match:
+    rule: Rule
+    nodes: tuple[int, ...]                     # PCG node of each source pattern node
+    tensors: Mapping[str, TensorRef]           # rule inputs and source tensors -> PCG tensors
+    binding: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def root(self) -> int:
+        return max(self.nodes)
+
+
+@dataclass
+class _State:
+    nodes: dict[int, int] = field(default_factory=dict)
+    tensors: dict[str, TensorRef] = field(default_factory=dict)
+    binding: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> _State:
+        return _State(dict(self.nodes), dict(self.tensors), dict(self.binding))
+
+
+class Matcher:
+    """Matches one rule's source pattern against one PCG."""
+
+    def __init__(self, pcg: PCG, rule: Rule):
+        self.pcg = pcg
+        self.rule = rule
+        self.src = rule.src
+        self.producers = rule.src.producers()
+        self.root = self.producers[rule.src.outputs[0]][0]
+
+    def at(self, node: int) -> Match | str:
+        """The match whose first output is produced by ``node``, or why there is none."""
+        st = _State()
+        why = self._node(self.root, node, st)
+        if why:
+            return why
+        for p in range(len(self.src.nodes)):
+            if p not in st.nodes:
+                found = self._search(p, st)
+                if isinstance(found, str):
+                    return found
+                st = found
+        return self._check(st)
+
+    def all(self, limit: int | None = None) -> list[Match]:
+        kind = self.src.nodes[self.root].kind
+        out = []
+        for i, n in self.pcg:
+            if n.kind == kind:
+                m = self.at(i)
+                if isinstance(m, Match):
+                    out.append(m)
+                    if limit and len(out) >= limit:
+                        break
+        return out
+
+    def _search(self, p: int, st: _State) -> _State | str:
+        kind = self.src.nodes[p].kind
+        last = f"no {kind} node fits pattern node {p}"
+        for i, n in self.pcg:
+            if n.kind == kind and i not in st.nodes.values():
+                trial = st.copy()
+                why = self._node(p, i, trial)
+                if not why:
+                    return trial
+                last = why
+        return last
+
+    def _node(self, p: int, n: int, st: _State) -> str | None:
+        if p in st.nodes:
+            return None if st.nodes[p] == n else f"pattern node {p} would be two nodes"
+        if n in st.nodes.values():
+            return f"node %{n} would match two pattern nodes"
+        pn, node = self.src.nodes[p], self.pcg.nodes[n]
+        rank = self.pcg.shape(node.inputs[0]).rank if node.inputs else node.outputs[0].rank
+        why = matches_attrs(pn, node.op, rank, st.binding)
+        if why:
+            return f"%{n} ({node.name or node.kind}): {why}"
+        if len(pn.inputs) != len(node.inputs) or len(pn.outputs) != len(node.outputs):
+            return f"%{n}: arity differs from the pattern's {pn.kind}"
+        st.nodes[p] = n
+        for k, t in enumerate(pn.outputs):
+            st.tensors[t] = TensorRef(n, k)
+        for pos, t in enumerate(pn.inputs):
+            ref = node.inputs[pos]
+            if t in self.producers:
+                q, k = self.producers[t]
+                if ref.index != k:
+                    return f"%{n} input {pos} is output {ref.index} of its producer, the pattern wants {k}"
+                why = self._node(q, ref.node, st)
+                if why:
+                    return why
+            elif t in st.tensors and st.tensors[t] != ref:
+                return f"pattern input {t} would be two different tensors"
+            else:
+                st.tensors[t] = ref
+        return None
+
+    def _check(self, st: _State) -> Match | str:
+        matched = set(st.nodes.values())
+        outs = {st.tensors[t] for t in self.src.outputs}
+        graph_outs = set(self.pcg.outputs)
+        for t, ref in st.tensors.items():
+            if t in self.rule.inputs:
+                if ref.node in matched:
+                    return f"pattern input {t} is computed inside the match"
+                continue
+            if ref in outs:
+                continue
+            users = [u for u, pos in self.pcg.consumers[ref.node] if self.pcg.nodes[u].inputs[pos] == ref]
+            if any(u not in matched for u in users) or ref in graph_outs:
+                return f"intermediate %{ref.node} is also used outside the match"
+        for c in self.rule.constraints:
+            if not _needs_free_param(c, st.binding):
+                why = check_constraint(self.pcg, c, st.tensors, st.binding)
+                if why:
+                    return why
+        order = tuple(st.nodes[p] for p in range(len(self.src.nodes)))
+        return Match(self.rule, order, dict(st.tensors), dict(st.binding))
+
+
+def _needs_free_param(c: Constraint, binding: Mapping[str, int]) -> bool:
+    return any(isinstance(v, tuple) and v[:1] == ("param",) and v[1] not in binding for v in (c.lhs, c.rhs))
+
+
+def _operand(pcg: PCG, v, tensors: Mapping[str, TensorRef], binding: Mapping[str, int]) -> int:
+    if isinstance(v, int):
+        return v
+    match v:
+        case ("param", name):
+            return binding[name]
+        case ("dim", t, axis):
+            s = pcg.shape(tensors[t])
+            return s.sizes[axis]
+        case ("degree", t, axis):
+            return pcg.shape(tensors[t]).degrees[axis]
+        case ("sum", t):
+            return pcg.shape(tensors[t]).sum_degree
+        case ("copy", t):
+            return pcg.shape(tensors[t]).copy_degree
+        case ("rank", t):
+            return pcg.shape(tensors[t]).rank
+    raise ShapeError(f"unknown constraint operand {v!r}")
+
+
+def check_constraint(pcg: PCG, c: Constraint, tensors: Mapping[str, TensorRef],
+                     binding: Mapping[str, int]) -> str | None:
+    try:
+        a = _operand(pcg, c.lhs, tensors, binding)
+        b = _operand(pcg, c.rhs, tensors, binding)
+    except (IndexError, KeyError):
+        return f"constraint {c.kind}({c.lhs}, {c.rhs}) does not apply here"
+    ok = {"EQUAL": a == b, "DIVISIBLE_BY": b != 0 and a % b == 0, "AT_LEAST": a >= b}[c.kind]
+    return None if ok else f"constraint {c.kind}({c.lhs}={a}, {c.rhs}={b}) fails"
+
+
+def find_matches(pcg: PCG, rule: Rule, limit: int | None = None) -> list[Match]:
+    return Matcher(pcg, rule).all(limit)
+
+
+def why_not(pcg: PCG, rule: Rule, node: int) -> str | None:
+    """None if ``rule`` matches with its first output at ``node``, else the reason."""
+    m = Matcher(pcg, rule).at(node)
+    return None if isinstance(m, Match) else m
+
+
+def free_params(rule: Rule) -> tuple[str, ...]:
+    """Parameters the target uses that matching the source does not bind (chosen by the
+    caller, e.g. the degree of a parallelization rule)."""
+    bound = {prm for n in rule.src.nodes for _, v in n.attrs for prm in _params(v)}
+    return tuple(p for p in rule.params if p not in bound)
+
+
+def _params(v) -> list[str]:
+    from .rule import Param
+
+    if isinstance(v, Param):
+        return [v.name]
+    if isinstance(v, tuple):
+        return [p for x in v for p in _params(x)]
+    return []
+
+
+def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None) -> PCG:
+    """The PCG with the match replaced by the rule's target; RewriteError if that fails.
+
+    ``params`` gives the values of the rule's free parameters (see :func:`free_params`).
+    """
+    binding = {**(params or {}), **m.binding}
+    missing = [p for p in m.rule.params if p not in binding]
+    if missing:
+        raise RewriteError(f"rule {m.rule.id}: parameter {missing[0]!r} needs a value")
+    for c in m.rule.constraints:
+        why = check_constraint(pcg, c, m.tensors, binding)
+        if why:
+            raise RewriteError(f"rule {m.rule.id} at %{m.root}: {why}")
+    matched = set(m.nodes)
+    src_outs = [m.tensors[t] for t in m.rule.src.outputs]
+    inputs = {t: m.tensors[t] for t in m.rule.inputs if t in m.tensors}
+    dst_key = min(matched)
+    # Kahn's algorithm over the unmatched nodes plus one block for the target, in original order.
+    deps: dict[object, set[object]] = {"dst": {r.node for r in inputs.values()}}
+    for i, n in pcg:
+        if i not in matched:
+            deps[i] = {("dst" if r.node in matched else r.node) for r in n.inputs}
+    users: dict[object, list[object]] = {k: [] for k in deps}
+    for k, ds in deps.items():
+        for d in ds:
+            users.setdefault(d, []).append(k)
+    indeg = {k: len(v) for k, v in deps.items()}
+    heap = [((dst_key if k == "dst" else k), str(k), k) for k, d in indeg.items() if d == 0]
+    heapq.heapify(heap)
+    b = GraphBuilder()
+    remap: dict[TensorRef, TensorRef] = {}
+    done = 0
+    try:
+        while heap:
+            _, _, k = heapq.heappop(heap)
+            done += 1
+            if k == "dst":
+                outs = instantiate(m.rule.dst, b, {t: remap[r] for t, r in inputs.items()}, binding)
+                for old, new in zip(src_outs, outs, strict=True):
+                    if b.shape(new) != pcg.shape(old):
+                        raise RewriteError(f"target output {b.shape(new)} differs from source {pcg.shape(old)}")
+                    remap[old] = new
+            else:
+                n = pcg.nodes[k]
+                refs = b.add(n.op, [remap[r] for r in n.inputs], n.name,
+                             outputs=n.outputs if n.spec.is_source else None)
+                for idx, r in enumerate(refs):
+                    remap[TensorRef(k, idx)] = r
+            for u in users.get(k, ()):
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    heapq.heappush(heap, ((dst_key if u == "dst" else u), str(u), u))
+    except ShapeError as e:
+        raise RewriteError(f"rule {m.rule.id} at %{m.root}: {e}") from None
+    if done != len(deps):
+        raise RewriteError(f"rule {m.rule.id} at %{m.root}: the rewrite would create a cycle")
+    out = prune(b.build([remap[r] for r in pcg.outputs]))
+    bad = problems(out)
+    if bad:
+        raise RewriteError(f"rule {m.rule.id} at %{m.root}: {bad[0]}")
+    return out
