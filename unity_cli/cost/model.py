@@ -8,7 +8,7 @@ the rest of the backward pass where it can.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -122,7 +122,7 @@ def _gather_then_replicate(pcg: PCG, layout: Sequence[int | None]) -> dict[int, 
     return pairs
 
 
-def _comm(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec,
+def _comm(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec,
           dtype: DType, fused: dict[int, int]) -> tuple[float, float]:
     """(forward, backward) seconds of the collective a parallel op implies."""
     n = pcg.nodes[i]
@@ -160,7 +160,7 @@ def _comm(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec,
     raise AssertionError(n.op)
 
 
-def _sync(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec) -> float:
+def _sync(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec) -> float:
     """Gradient all-reduce of a replicated trainable weight (the backward of its Replicate)."""
     n = pcg.nodes[i]
     if not isinstance(n.op, ReplicateAttrs):
@@ -170,31 +170,52 @@ def _sync(pcg: PCG, i: int, views: Sequence[MachineView], cluster: ClusterSpec) 
     return groups_time(Collective.ALL_REDUCE, y.piece.nbytes, cluster, groups)
 
 
+@dataclass(frozen=True)
+class CostContext:
+    """What per-node costs need besides the views: computed once per PCG."""
+
+    pcg: PCG
+    cluster: ClusterSpec
+    config: CostConfig
+    layout: tuple[int | None, ...]
+    fused: dict[int, int]
+
+    @staticmethod
+    def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
+        layout = tuple(layout_sources(pcg))
+        return CostContext(pcg, cluster, config, layout, _gather_then_replicate(pcg, layout))
+
+
+def node_cost(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]) -> NodeCost:
+    """The cost of node ``i`` given its view and (for a parallel op) its producer's view."""
+    pcg, cluster, config = ctx.pcg, ctx.cluster, ctx.config
+    n = pcg.nodes[i]
+    src = ctx.layout[i]
+    if n.spec.is_source:
+        return NodeCost(i, 0, 0, 0, 0, 0)
+    if src is not None:
+        w = pcg.nodes[src].op
+        trainable = isinstance(w, WeightAttrs) and w.trainable
+        return NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster) if trainable else 0.0)
+    if n.spec.is_parallel_op:
+        f, b = _comm(pcg, i, views, cluster, config.dtype, ctx.fused)
+        return NodeCost(i, 0, 0, f, b, 0)
+    ins = piece_shapes([pcg.shape(r) for r in n.inputs], config.dtype)
+    outs = piece_shapes(n.outputs, config.dtype)
+    work = n.spec.cost(n.op, ins, outs)
+    devices = views[i].devices(n.outputs[0])
+    device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
+    t = roofline(work, device, config.dtype)
+    return NodeCost(i, t.fwd, t.bwd, 0, 0, 0)
+
+
 def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
              config: CostConfig = CostConfig()) -> CostReport:
     """Simulate one training step (forward, backward, gradient sync, optimizer update)."""
-    layout = layout_sources(pcg)
-    fused_pairs = _gather_then_replicate(pcg, layout)
+    ctx = CostContext.of(pcg, cluster, config)
+    layout = ctx.layout
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
-    costs: list[NodeCost] = []
-    for i, n in pcg:
-        src = layout[i]
-        if n.spec.is_source:
-            costs.append(NodeCost(i, 0, 0, 0, 0, 0))
-        elif src is not None:
-            w = pcg.nodes[src].op
-            trainable = isinstance(w, WeightAttrs) and w.trainable
-            costs.append(NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster) if trainable else 0.0))
-        elif n.spec.is_parallel_op:
-            f, b = _comm(pcg, i, views, cluster, config.dtype, fused_pairs)
-            costs.append(NodeCost(i, 0, 0, f, b, 0))
-        else:
-            ins = piece_shapes([pcg.shape(r) for r in n.inputs], config.dtype)
-            outs = piece_shapes(n.outputs, config.dtype)
-            work = n.spec.cost(n.op, ins, outs)
-            device = min((cluster.device_type(d) for d in devs[i]), key=lambda t: t.flops(config.dtype.value))
-            t = roofline(work, device, config.dtype)
-            costs.append(NodeCost(i, t.fwd, t.bwd, 0, 0, 0))
+    costs = [node_cost(ctx, i, views) for i in range(len(pcg))]
     events = _simulate(pcg, devs, costs, layout)
     update = _update_time(pcg, devs, layout, cluster, config)
     end = max((e.end for e in events), default=0.0)

@@ -1,0 +1,279 @@
+"""Machine mapping: choose a machine view for every operator of a fixed PCG.
+
+Dynamic programming over the series-parallel decomposition of the graph (``sp.py``):
+
+* ``Series(A, B)``: try every view of the nodes of ``A`` that feed ``B`` (the boundary),
+  cost ``A`` with those views required and ``B`` with them given (``B`` pays moving the
+  data between views);
+* ``Parallel(A, B)``: either both on the same devices (their costs add up), or on a split
+  of the devices — by nodes, or by devices within a node — running side by side (the
+  slower decides);
+* memoized on (subgraph, devices, the views that subgraph depends on).
+
+The objective adds forward+backward compute, collectives and data movement per node;
+the chosen mapping is then costed by the step simulation (``cost.model.estimate``).
+``exhaustive_map`` enumerates the same space without the DP, as the tests' oracle.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..cluster.machine_view import MachineView, packed_view
+from ..cluster.spec import ClusterSpec
+from ..cost.comm import Collective, collective_time
+from ..cost.model import CostConfig, CostContext, node_cost
+from ..ir.pcg import PCG
+from .sp import SP, Leaf, Parallel, Series, decompose
+from .views import default_views
+
+INF = math.inf
+BOUNDARY_LIMIT = 256
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Resources:
+    """A contiguous range of devices in the node-major device order."""
+
+    start: int
+    count: int
+
+    def contains(self, devices) -> bool:
+        return all(self.start <= d < self.start + self.count for d in devices)
+
+
+def splits(res: Resources, cluster: ClusterSpec) -> list[tuple[Resources, Resources]]:
+    """Ways to cut a range in two: at a node boundary when it spans nodes, else in halves."""
+    if res.count < 2:
+        return []
+    bounds = [o for o in cluster.device_offsets if res.start < o < res.start + res.count]
+    if bounds:
+        mid = min(bounds, key=lambda o: abs(o - (res.start + res.count / 2)))
+    else:
+        mid = res.start + res.count // 2
+    return [(Resources(res.start, mid - res.start), Resources(mid, res.start + res.count - mid))]
+
+
+class Mapper:
+    """The DP for one PCG on one cluster (see the module docstring)."""
+
+    def __init__(self, pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(), max_starts: int = 2):
+        self.pcg, self.cluster = pcg, cluster
+        self.ctx = CostContext.of(pcg, cluster, config)
+        self.max_starts = max_starts
+        self.defaults = default_views(pcg)
+        self.sources = {i for i, n in pcg if n.spec.is_source}
+        self.nodes = [i for i in range(len(pcg)) if i not in self.sources]
+        self.preds = {i: sorted({r.node for r in pcg.nodes[i].inputs} - self.sources) for i in self.nodes}
+        self.succs: dict[int, list[int]] = {i: [] for i in self.nodes}
+        for i in self.nodes:
+            for p in self.preds[i]:
+                self.succs[p].append(i)
+        self.tree = decompose(pcg, self.nodes) if self.nodes else None
+        self._memo: dict = {}
+        self._cand: dict = {}
+        self._leaf: dict = {}
+        self._edge: dict = {}
+        self._relevant: dict[int, frozenset[int]] = {}
+        self.states = 0
+
+    # -- costs ---------------------------------------------------------------------
+
+    def candidates(self, i: int, res: Resources) -> list[MachineView]:
+        key = (i, res)
+        if key not in self._cand:
+            self._cand[key] = self._candidates(i, res)
+        return self._cand[key]
+
+    def _candidates(self, i: int, res: Resources) -> list[MachineView]:
+        shape = self.pcg.nodes[i].outputs[0]
+        p = shape.pieces
+        if p > res.count:
+            return []
+        base = self.defaults[i]
+        r = shape.rank
+        orders = [None, [r, r + 1] + list(range(r - 1, -1, -1))]  # default, then replicas inside dims
+        out: list[MachineView] = []
+        starts = [res.start + k * p for k in range(res.count // p)][: self.max_starts]
+        for order in orders:
+            for s in starts:
+                v = MachineView(s, base.strides) if order is None else packed_view(shape, order, s)
+                if res.contains(v.devices(shape)) and v not in out:
+                    out.append(v)
+        return out
+
+    def reachable_candidates(self, i: int, res: Resources) -> list[MachineView]:
+        out: list[MachineView] = []
+        for r in self.subranges(res):
+            out += [v for v in self.candidates(i, r) if v not in out]
+        return out
+
+    def subranges(self, res: Resources) -> list[Resources]:
+        out, todo = [], [res]
+        while todo:
+            r = todo.pop(0)
+            if r not in out:
+                out.append(r)
+                for a, b in splits(r, self.cluster):
+                    todo += [a, b]
+        return out
+
+    def leaf_cost(self, i: int, v: MachineView) -> float:
+        key = (i, v)
+        if key not in self._leaf:
+            n = self.pcg.nodes[i]
+            if n.spec.is_parallel_op and self.ctx.layout[i] is None:
+                self._leaf[key] = 0.0  # its collective depends on its input's view: an edge cost
+            else:
+                self._leaf[key] = node_cost(self.ctx, i, {i: v}).total
+        return self._leaf[key]
+
+    def edge_cost(self, u: int, vu: MachineView, i: int, vi: MachineView) -> float:
+        key = (u, vu, i, vi)
+        if key in self._edge:
+            return self._edge[key]
+        n = self.pcg.nodes[i]
+        if n.spec.is_parallel_op and self.ctx.layout[i] is None and n.inputs[0].node == u:
+            cost = node_cost(self.ctx, i, {u: vu, i: vi}).total
+        else:
+            shape = self.pcg.nodes[u].outputs[0]
+            have = vu.devices(shape)
+            want = vi.devices(n.outputs[0])
+            if vu == vi or (len(set(have)) == 1 and set(have) == set(want)):
+                cost = 0.0
+            else:  # move every piece once, in parallel, over the slowest link involved
+                link = self.cluster.link_for(set(have) | set(want))
+                nbytes = shape.piece.numel * (self.ctx.config.dtype.itemsize if shape.dtype.is_float
+                                              else shape.dtype.itemsize)
+                cost = 2 * collective_time(Collective.P2P, nbytes, 2, link)  # forward and backward
+        self._edge[key] = cost
+        return cost
+
+    # -- the DP ----------------------------------------------------------------------
+
+    def relevant(self, t: SP) -> frozenset[int]:
+        k = id(t)
+        if k not in self._relevant:
+            nodes = t.nodes
+            self._relevant[k] = frozenset(nodes | {p for i in nodes for p in self.preds[i]})
+        return self._relevant[k]
+
+    def solve(self, t: SP, res: Resources, fixed: Mapping[int, MachineView]) -> tuple[float, dict[int, MachineView]]:
+        rel = self.relevant(t)
+        key = (id(t), res, tuple(sorted((k, v) for k, v in fixed.items() if k in rel)))
+        if key in self._memo:
+            return self._memo[key]
+        self.states += 1
+        match t:
+            case Leaf(node=i):
+                best = self._leaf_solve(i, res, fixed)
+            case Series(first=a, then=b):
+                best = self._series(a, b, res, fixed)
+            case Parallel(left=a, right=b):
+                best = self._parallel(a, b, res, fixed)
+        self._memo[key] = best
+        return best
+
+    def _leaf_solve(self, i: int, res: Resources, fixed: Mapping[int, MachineView]):
+        shape = self.pcg.nodes[i].outputs[0]
+        options = [fixed[i]] if i in fixed else self.candidates(i, res)
+        best = (INF, {})
+        for v in options:
+            if not res.contains(v.devices(shape)):
+                continue
+            c = self.leaf_cost(i, v) + sum(self.edge_cost(p, fixed[p], i, v) for p in self.preds[i] if p in fixed)
+            if c < best[0]:
+                best = (c, {i: v})
+        return best
+
+    def _series(self, a: SP, b: SP, res: Resources, fixed: Mapping[int, MachineView]):
+        bnodes = b.nodes
+        boundary = [i for i in sorted(a.nodes) if any(s in bnodes for s in self.succs[i])]
+        # A boundary node may end up on any sub-range a split inside ``a`` gives it.
+        choices = [[fixed[i]] if i in fixed else self.reachable_candidates(i, res) for i in boundary]
+        if math.prod(len(c) for c in choices) > BOUNDARY_LIMIT:  # keep the search tractable
+            choices = [c[:1] if k >= 2 else c for k, c in enumerate(choices)]
+        best = (INF, {})
+        for combo in itertools.product(*choices):
+            f = dict(fixed)
+            f.update(zip(boundary, combo, strict=True))
+            ca, ma = self.solve(a, res, f)
+            if ca >= best[0]:
+                continue
+            cb, mb = self.solve(b, res, f)
+            if ca + cb < best[0]:
+                best = (ca + cb, {**ma, **mb})
+        return best
+
+    def _parallel(self, a: SP, b: SP, res: Resources, fixed: Mapping[int, MachineView]):
+        ca, ma = self.solve(a, res, fixed)
+        cb, mb = self.solve(b, res, fixed)
+        best = (ca + cb, {**ma, **mb})
+        for r1, r2 in splits(res, self.cluster):
+            for x, y in ((r1, r2), (r2, r1)):
+                ca, ma = self.solve(a, x, fixed)
+                cb, mb = self.solve(b, y, fixed)
+                if max(ca, cb) < best[0]:
+                    best = (max(ca, cb), {**ma, **mb})
+        return best
+
+    def run(self) -> tuple[float, tuple[MachineView, ...]]:
+        if self.tree is None:
+            return 0.0, self.defaults
+        cost, mapping = self.solve(self.tree, Resources(0, self.cluster.num_devices), {})
+        views = tuple(mapping.get(i, self.defaults[i]) for i in range(len(self.pcg)))
+        return cost, views
+
+
+def dp_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig()) -> tuple[float, tuple[MachineView, ...]]:
+    """The cheapest mapping the DP finds, and its objective value."""
+    return Mapper(pcg, cluster, config).run()
+
+
+def exhaustive_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig()) -> float:
+    """The optimum of the same objective over the same space, by enumeration (small graphs)."""
+    m = Mapper(pcg, cluster, config)
+    if m.tree is None:
+        return 0.0
+    best = INF
+    for placement in _placements(m, m.tree, Resources(0, cluster.num_devices)):
+        leaves = sorted((k, v) for k, v in placement.items() if isinstance(k, int))
+        options = [m.candidates(i, r) for i, (r, _) in leaves]
+        for combo in itertools.product(*options):
+            views = {i: v for (i, _), v in zip(leaves, combo, strict=True)}
+            best = min(best, _evaluate(m, m.tree, views, placement))
+    return best
+
+
+def _placements(m: Mapper, t: SP, res: Resources):
+    """Every way to give each leaf a device range: per Parallel, same range or a split."""
+    match t:
+        case Leaf(node=i):
+            yield {i: (res, ())}
+        case Series(first=a, then=b):
+            for pa in _placements(m, a, res):
+                for pb in _placements(m, b, res):
+                    yield {**pa, **pb}
+        case Parallel(left=a, right=b):
+            options = [(res, res, "same")] + [(x, y, "split") for r1, r2 in splits(res, m.cluster)
+                                              for x, y in ((r1, r2), (r2, r1))]
+            for x, y, how in options:
+                for pa in _placements(m, a, x):
+                    for pb in _placements(m, b, y):
+                        merged = {**pa, **pb}
+                        merged[("par", id(t))] = how
+                        yield merged
+
+
+def _evaluate(m: Mapper, t: SP, views: dict[int, MachineView], placement) -> float:
+    match t:
+        case Leaf(node=i):
+            return m.leaf_cost(i, views[i]) + sum(m.edge_cost(p, views[p], i, views[i]) for p in m.preds[i])
+        case Series(first=a, then=b):
+            return _evaluate(m, a, views, placement) + _evaluate(m, b, views, placement)
+        case Parallel(left=a, right=b):
+            ca, cb = _evaluate(m, a, views, placement), _evaluate(m, b, views, placement)
+            return ca + cb if placement[("par", id(t))] == "same" else max(ca, cb)
+    raise AssertionError(t)
