@@ -30,7 +30,12 @@ from .sp import SP, Leaf, Parallel, Series, decompose
 from .views import default_views
 
 INF = math.inf
-BOUNDARY_LIMIT = 256
+BOUNDARY_LIMIT = 16
+STATE_LIMIT = 20_000
+
+
+class MappingBudgetExceeded(Exception):
+    """The DP would take too long on this graph; the caller keeps the default views."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -59,8 +64,10 @@ def splits(res: Resources, cluster: ClusterSpec) -> list[tuple[Resources, Resour
 class Mapper:
     """The DP for one PCG on one cluster (see the module docstring)."""
 
-    def __init__(self, pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(), max_starts: int = 2):
+    def __init__(self, pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(), max_starts: int = 2,
+                 state_limit: int = STATE_LIMIT):
         self.pcg, self.cluster = pcg, cluster
+        self.state_limit = state_limit
         self.ctx = CostContext.of(pcg, cluster, config)
         self.max_starts = max_starts
         self.defaults = default_views(pcg)
@@ -76,7 +83,7 @@ class Mapper:
         self._cand: dict = {}
         self._leaf: dict = {}
         self._edge: dict = {}
-        self._relevant: dict[int, frozenset[int]] = {}
+        self._relevant: dict = {}
         self.states = 0
 
     # -- costs ---------------------------------------------------------------------
@@ -104,21 +111,40 @@ class Mapper:
                     out.append(v)
         return out
 
-    def reachable_candidates(self, i: int, res: Resources) -> list[MachineView]:
+    def reachable_candidates(self, i: int, res: Resources, depth: int) -> list[MachineView]:
+        """Views node ``i`` can get when up to ``depth`` Parallel splits lie between here and it."""
         out: list[MachineView] = []
-        for r in self.subranges(res):
+        for r in self.subranges(res, depth):
             out += [v for v in self.candidates(i, r) if v not in out]
         return out
 
-    def subranges(self, res: Resources) -> list[Resources]:
-        out, todo = [], [res]
-        while todo:
-            r = todo.pop(0)
-            if r not in out:
-                out.append(r)
-                for a, b in splits(r, self.cluster):
-                    todo += [a, b]
+    def subranges(self, res: Resources, depth: int) -> list[Resources]:
+        out, level = [res], [res]
+        for _ in range(depth):
+            level = [x for r in level for pair in splits(r, self.cluster) for x in pair]
+            out += [r for r in level if r not in out]
         return out
+
+    def parallel_depth(self, t: SP) -> dict[int, int]:
+        """For each node of ``t``: how many Parallel nodes lie between ``t`` and its leaf."""
+        key = ("depth", id(t))
+        if key not in self._relevant:
+            out: dict[int, int] = {}
+
+            def walk(s: SP, d: int) -> None:
+                match s:
+                    case Leaf(node=i):
+                        out[i] = d
+                    case Series(first=a, then=b):
+                        walk(a, d)
+                        walk(b, d)
+                    case Parallel(left=a, right=b):
+                        walk(a, d + 1)
+                        walk(b, d + 1)
+
+            walk(t, 0)
+            self._relevant[key] = out
+        return self._relevant[key]
 
     def leaf_cost(self, i: int, v: MachineView) -> float:
         key = (i, v)
@@ -166,6 +192,8 @@ class Mapper:
         if key in self._memo:
             return self._memo[key]
         self.states += 1
+        if self.states > self.state_limit:
+            raise MappingBudgetExceeded(f"more than {self.state_limit} DP states")
         match t:
             case Leaf(node=i):
                 best = self._leaf_solve(i, res, fixed)
@@ -192,7 +220,8 @@ class Mapper:
         bnodes = b.nodes
         boundary = [i for i in sorted(a.nodes) if any(s in bnodes for s in self.succs[i])]
         # A boundary node may end up on any sub-range a split inside ``a`` gives it.
-        choices = [[fixed[i]] if i in fixed else self.reachable_candidates(i, res) for i in boundary]
+        depth = self.parallel_depth(a)
+        choices = [[fixed[i]] if i in fixed else self.reachable_candidates(i, res, depth[i]) for i in boundary]
         if math.prod(len(c) for c in choices) > BOUNDARY_LIMIT:  # keep the search tractable
             choices = [c[:1] if k >= 2 else c for k, c in enumerate(choices)]
         best = (INF, {})
@@ -227,9 +256,14 @@ class Mapper:
         return cost, views
 
 
-def dp_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig()) -> tuple[float, tuple[MachineView, ...]]:
-    """The cheapest mapping the DP finds, and its objective value."""
-    return Mapper(pcg, cluster, config).run()
+def dp_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig()
+           ) -> tuple[float, tuple[MachineView, ...]] | None:
+    """The cheapest mapping the DP finds and its objective value; None if the graph is too
+    tangled for the DP's state budget (the caller then keeps the default views)."""
+    try:
+        return Mapper(pcg, cluster, config).run()
+    except MappingBudgetExceeded:
+        return None
 
 
 def exhaustive_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig()) -> float:

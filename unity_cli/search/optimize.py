@@ -36,7 +36,9 @@ def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig) -> Ca
     """Cost a strategy under the default views and under the machine-mapping DP's; keep the faster."""
     validate(baseline.pcg)
     best = None
-    for views in (default_views(baseline.pcg), dp_map(baseline.pcg, cluster, config)[1]):
+    mapped = dp_map(baseline.pcg, cluster, config)
+    options = [default_views(baseline.pcg)] + ([mapped[1]] if mapped else [])
+    for views in options:
         report = estimate(baseline.pcg, views, cluster, config)
         if best is None or _better(report, best.report):
             best = Candidate(baseline, views, report)
