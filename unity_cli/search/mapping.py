@@ -17,6 +17,7 @@ the chosen mapping is then costed by the step simulation (``cost.model.estimate`
 from __future__ import annotations
 
 import itertools
+import sys
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from .views import default_views
 
 INF = math.inf
 BOUNDARY_LIMIT = 16
-STATE_LIMIT = 20_000
+STATE_LIMIT = 4_000
 
 
 class MappingBudgetExceeded(Exception):
@@ -251,6 +252,7 @@ class Mapper:
     def run(self) -> tuple[float, tuple[MachineView, ...]]:
         if self.tree is None:
             return 0.0, self.defaults
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
         cost, mapping = self.solve(self.tree, Resources(0, self.cluster.num_devices), {})
         views = tuple(mapping.get(i, self.defaults[i]) for i in range(len(self.pcg)))
         return cost, views

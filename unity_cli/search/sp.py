@@ -8,39 +8,39 @@ topological order in two (never rejected).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..ir.pcg import PCG
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Leaf:
     node: int
+    nodes: frozenset[int] = field(init=False)
 
-    @property
-    def nodes(self) -> frozenset[int]:
-        return frozenset((self.node,))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", frozenset((self.node,)))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Series:
     first: SP
     then: SP
     serialized: bool = False       # made series by cutting a topological order, not by a bottleneck
+    nodes: frozenset[int] = field(init=False)
 
-    @property
-    def nodes(self) -> frozenset[int]:
-        return self.first.nodes | self.then.nodes
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", self.first.nodes | self.then.nodes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Parallel:
     left: SP
     right: SP
+    nodes: frozenset[int] = field(init=False)
 
-    @property
-    def nodes(self) -> frozenset[int]:
-        return self.left.nodes | self.right.nodes
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", self.left.nodes | self.right.nodes)
 
 
 SP = Leaf | Series | Parallel
@@ -55,31 +55,41 @@ def decompose(pcg: PCG, nodes: Iterable[int] | None = None) -> SP:
 def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]]) -> SP:
     if len(nodes) == 1:
         return Leaf(nodes[0])
-    inside = set(nodes)
-    preds = {i: all_preds[i] & inside for i in nodes}
-    comps = _components(nodes, preds)
-    if len(comps) > 1:
-        tree = _decompose(comps[0], all_preds)
-        for c in comps[1:]:
-            tree = Parallel(tree, _decompose(c, all_preds))
-        return tree
-    anc = _ancestors(nodes, preds)
-    desc_count = {i: 0 for i in nodes}
-    for i in nodes:
-        for a in anc[i]:
-            desc_count[a] += 1
+    pos = {v: k for k, v in enumerate(nodes)}
+    preds = [[pos[p] for p in all_preds[v] if p in pos] for v in nodes]
+    comps = _components(nodes, {v: {nodes[p] for p in preds[k]} for k, v in enumerate(nodes)})
+    if len(comps) > 1:  # a balanced tree of independent parts
+        half = len(comps) // 2
+        left = tuple(sorted(i for c in comps[:half] for i in c))
+        right = tuple(sorted(i for c in comps[half:] for i in c))
+        return Parallel(_decompose(left, all_preds), _decompose(right, all_preds))
     n = len(nodes)
+    # Ancestor and descendant sets as bitmasks over positions (nodes are topologically sorted).
+    anc = [0] * n
+    for k in range(n):
+        for p in preds[k]:
+            anc[k] |= anc[p] | (1 << p)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for k in range(n):
+        for p in preds[k]:
+            succs[p].append(k)
+    desc = [0] * n
+    for k in range(n - 1, -1, -1):
+        for s_ in succs[k]:
+            desc[k] |= desc[s_] | (1 << s_)
     # A bottleneck: comparable with every node (its ancestors and descendants are all others).
-    cuts = [i for i in nodes if len(anc[i]) + desc_count[i] == n - 1]
+    cuts = [k for k in range(n) if anc[k].bit_count() + desc[k].bit_count() == n - 1]
+    # Cut nearest the middle, so long chains give a balanced (shallow) tree.
+    cuts.sort(key=lambda k: (abs(anc[k].bit_count() + 1 - n / 2), k))
     for c in cuts:
-        first = tuple(sorted(anc[c] | {c}))
-        then = tuple(i for i in nodes if i not in anc[c] and i != c)
+        first_mask = anc[c] | (1 << c)
+        first = tuple(nodes[k] for k in range(n) if first_mask >> k & 1)
+        then = tuple(nodes[k] for k in range(n) if not first_mask >> k & 1)
         if then:
             return Series(_decompose(first, all_preds), _decompose(then, all_preds))
     if cuts:  # the only bottleneck is the last node
-        c = cuts[-1]
-        first = tuple(i for i in nodes if i != c)
-        return Series(_decompose(first, all_preds), Leaf(c))
+        c = max(cuts)
+        return Series(_decompose(tuple(v for k, v in enumerate(nodes) if k != c), all_preds), Leaf(nodes[c]))
     half = n // 2  # nodes are in topological order: a prefix is closed under ancestors
     return Series(_decompose(nodes[:half], all_preds), _decompose(nodes[half:], all_preds), serialized=True)
 
@@ -102,14 +112,3 @@ def _components(nodes: tuple[int, ...], preds: dict[int, set[int]]) -> list[tupl
     for i in nodes:
         groups.setdefault(find(i), []).append(i)
     return [tuple(g) for _, g in sorted(groups.items())]
-
-
-def _ancestors(nodes: tuple[int, ...], preds: dict[int, set[int]]) -> dict[int, set[int]]:
-    anc: dict[int, set[int]] = {}
-    for i in nodes:  # topological order
-        s: set[int] = set()
-        for p in preds[i]:
-            s.add(p)
-            s |= anc[p]
-        anc[i] = s
-    return anc
