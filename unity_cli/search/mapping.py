@@ -17,8 +17,8 @@ the chosen mapping is then costed by the step simulation (``cost.model.estimate`
 from __future__ import annotations
 
 import itertools
-import sys
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
