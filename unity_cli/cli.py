@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -135,6 +136,44 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         click.echo(json.dumps(doc, sort_keys=True))
     else:
         click.echo(summary(plan, out_path, notes))
+
+
+
+@cli.command("verify-rules")
+@click.option("--max-ops", type=int, default=3, show_default=True, help="Largest graphs the generator enumerates.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="Where to write the cache (default: the shipped substitutions/rules.json).")
+@click.option("--timeout-ms", type=int, default=2000, show_default=True, help="z3 time limit per rule.")
+@click.option("--jobs", type=int, default=0, help="Processes proving rules (default: all cores).")
+@click.option("--check", "check_path", type=click.Path(dir_okay=False),
+              help="Re-prove an existing rule file instead of generating; exit 1 if any rule fails.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@handles_errors
+def verify_rules(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int, check_path: str | None,
+                 as_json: bool) -> None:
+    """Generate substitutions, prove each with z3, and write the verified rule cache."""
+    from .report.progress import Progress
+    from .substitutions.workflow import check_file, regenerate
+
+    if max_ops < 1:
+        raise UsageError(f"--max-ops must be >= 1, got {max_ops}")
+    if timeout_ms < 1:
+        raise UsageError(f"--timeout-ms must be >= 1, got {timeout_ms}")
+    jobs = jobs or (os.cpu_count() or 1)
+    progress = Progress("verify", enabled=None if not as_json else False)
+    try:
+        if check_path:
+            report = check_file(check_path, timeout_ms, jobs, progress)
+        else:
+            report = regenerate(max_ops, out_path, timeout_ms, jobs, progress)
+    finally:
+        progress.close()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        click.echo(report.summary())
+    if check_path and report.rejected:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

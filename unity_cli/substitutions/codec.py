@@ -79,9 +79,12 @@ def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], bindi
             raise ShapeError(f"{node.kind}: pattern has no attribute {f.name!r}")
         v = _value(pat[f.name], binding)
         if f.name in AXIS_FIELDS.get(node.kind, ()):
-            v = REPLICA_DIM if v == "copy" else v + rank
-            if v != REPLICA_DIM and not 0 <= v < max(rank, 1):
+            if v == "copy" and node.kind == "Combine":
+                v = REPLICA_DIM
+            elif not isinstance(v, int) or not -rank <= v < 0:
                 raise ShapeError(f"{node.kind}: axis {pat[f.name]} does not exist in a rank-{rank} tensor")
+            else:
+                v += rank
         elif node.kind == "Transpose" and f.name == "perm":
             tail = tuple(v)
             if len(tail) > rank:

@@ -53,10 +53,15 @@ class Matcher:
         self.rule = rule
         self.src = rule.src
         self.producers = rule.src.producers()
-        self.root = self.producers[rule.src.outputs[0]][0]
+        # A source whose output is a bare input (a reversed rule whose target has no op)
+        # would match every tensor: such rules are not matched.
+        first = rule.src.outputs[0] if rule.src.outputs else None
+        self.root = self.producers[first][0] if first in self.producers else None
 
     def at(self, node: int) -> Match | str:
         """The match whose first output is produced by ``node``, or why there is none."""
+        if self.root is None:
+            return "the source pattern has no operator at its output"
         st = _State()
         why = self._node(self.root, node, st)
         if why:
@@ -70,6 +75,8 @@ class Matcher:
         return self._check(st)
 
     def all(self, limit: int | None = None) -> list[Match]:
+        if self.root is None:
+            return []
         kind = self.src.nodes[self.root].kind
         out = []
         for i, n in self.pcg:

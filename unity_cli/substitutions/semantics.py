@@ -26,6 +26,8 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 def _unary(a, x):
+    if a.fn not in _UNARY:
+        raise NotImplementedError(f"no reference kernel for {a.fn}")
     return [_UNARY[a.fn](x[0])]
 
 

@@ -184,6 +184,8 @@ class Concat(OpSpec):
     def infer(self, attrs, inputs):
         need_inputs(self.kind, inputs, 1, 1 << 16)
         x = inputs[0]
+        if not 0 <= attrs.axis < x.rank:
+            raise ShapeError(f"Concat: axis {attrs.axis} is out of range for rank {x.rank}")
         for k, s in enumerate(inputs):
             if s.rank != x.rank or any(a != b for d, (a, b) in enumerate(zip(s.dims, x.dims)) if d != attrs.axis):
                 raise ShapeError(f"Concat on axis {attrs.axis}: input {k} {list(s.dims)} does not fit {list(x.dims)}")
@@ -225,6 +227,8 @@ class Split(OpSpec):
     def infer(self, attrs, inputs):
         need_inputs(self.kind, inputs, 1)
         x = inputs[0]
+        if not 0 <= attrs.axis < x.rank:
+            raise ShapeError(f"Split: axis {attrs.axis} is out of range for rank {x.rank}")
         if sum(attrs.sizes) != x.dims[attrs.axis]:
             raise ShapeError(f"Split sizes {list(attrs.sizes)} do not add up to dim {attrs.axis} of {list(x.dims)}")
         return tuple(TensorShape(x.dims[:attrs.axis] + (s,) + x.dims[attrs.axis + 1:], x.dtype) for s in attrs.sizes)

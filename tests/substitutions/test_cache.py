@@ -1,0 +1,68 @@
+"""The shipped rule cache: it loads, re-proves (a seeded sample each CI run), is detected
+when stale or tampered with, and its rules rewrite real models into valid PCGs."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from unity_cli.ir.validate import problems
+from unity_cli.onnx_import import ImportOptions, import_model
+from unity_cli.substitutions.cache import PACKAGE_RULES, load_cache
+from unity_cli.substitutions.match import RewriteError, apply_match, find_matches, free_params
+from unity_cli.substitutions.rule import RuleError
+from unity_cli.substitutions.verify import verify_rule
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return load_cache()
+
+
+def test_the_shipped_cache_is_big_and_current(cache):
+    assert PACKAGE_RULES.resolve().is_file()
+    assert len(cache.rules) >= 500
+    assert len({r.id for r in cache.rules}) == len(cache.rules)
+    assert cache.settings.get("max_ops", 0) >= 3
+
+
+def test_a_seeded_sample_of_the_cache_reproves(cache):
+    sample = random.Random(20261129).sample(list(cache.rules), 25)
+    for rule in sample:
+        v = verify_rule(rule, timeout_ms=5000)
+        assert v.accepted, (rule.name, v.reason)
+
+
+def test_stale_and_tampered_caches_are_refused(tmp_path):
+    doc = json.loads(PACKAGE_RULES.read_text())
+    stale = tmp_path / "stale.json"
+    doc_stale = dict(doc, axioms_hash="0" * 64)
+    stale.write_text(json.dumps(doc_stale))
+    with pytest.raises(RuleError, match="stale rule cache"):
+        load_cache(stale)
+    tampered = tmp_path / "tampered.json"
+    doc["rules"] = doc["rules"][:-1]
+    tampered.write_text(json.dumps(doc))
+    with pytest.raises(RuleError, match="content_hash"):
+        load_cache(tampered)
+
+
+@pytest.mark.parametrize("name", ["bert_tiny.onnx", "bert_tiny_dynamo.onnx", "convnet_tiny.onnx",
+                                  "convnet_tiny_dynamo.onnx"])
+def test_every_rule_applies_to_shared_models_without_an_invalid_pcg(cache, shared_models, name):
+    pcg = import_model(shared_models / name, ImportOptions(batch_size=4)).pcg
+    applied = refused = 0
+    for rule in cache.rules:
+        for r in (rule, rule.reversed()):
+            for m in find_matches(pcg, r, limit=2):
+                params = {p: 2 for p in free_params(r)}
+                try:
+                    new = apply_match(pcg, m, params)
+                except RewriteError:
+                    refused += 1
+                    continue
+                assert not problems(new), (r.name, problems(new)[:1])
+                assert [new.shape(o) for o in new.outputs] == [pcg.shape(o) for o in pcg.outputs]
+                applied += 1
+    assert applied > 0

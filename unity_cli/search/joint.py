@@ -1,0 +1,150 @@
+"""The joint search: best-first over PCGs rewritten by the verified substitutions.
+
+Every algebraic rewrite and every parallelization is a rule application. Candidates are
+ordered by predicted step time; a candidate is expanded only while it is within
+``alpha`` of the best found; graphs are deduplicated by canonical hash; the search stops
+when its budget runs out and returns the best plan so far (anytime). It starts from the
+plain graph and from every baseline, so it never returns anything slower than them.
+Ties break on the canonical hash, so the result does not depend on PYTHONHASHSEED.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..cluster.machine_view import MachineView
+from ..cluster.spec import ClusterSpec
+from ..cost.model import CostConfig, CostReport, estimate
+from ..ir.pcg import PCG
+from ..ir.simplify import simplify
+from ..substitutions.match import RewriteError, apply_match, find_matches, free_params
+from ..substitutions.rule import Rule
+from .views import default_views
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One rewrite on the path from a start graph to a candidate."""
+
+    rule_id: str
+    rule_name: str
+    reverse: bool                  # applied target -> source
+    at: str                        # the name (or kind) of the node the match was rooted at
+    params: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Found:
+    pcg: PCG
+    views: tuple[MachineView, ...]
+    report: CostReport
+    start: str                     # which start graph it descends from
+    path: tuple[Applied, ...] = ()
+
+
+@dataclass
+class SearchStats:
+    candidates: int = 0            # graphs costed
+    expanded: int = 0
+    rules_applied: int = 0         # successful rewrites (before deduplication)
+    seconds: float = 0.0
+    timed_out: bool = False
+
+
+@dataclass
+class JointSearch:
+    cluster: ClusterSpec
+    config: CostConfig
+    rules: Sequence[Rule]
+    budget: float = 30.0
+    alpha: float = 1.05
+    matches_per_rule: int = 4
+    degrees: tuple[int, ...] = ()
+    progress: Callable[[SearchStats, float, float], None] | None = None
+    stats: SearchStats = field(default_factory=SearchStats)
+
+    def __post_init__(self) -> None:
+        if not self.degrees:
+            n = self.cluster.num_devices
+            self.degrees = tuple(d for d in (2, 4, 8, 16, 32, 64) if d <= n and n % d == 0)
+        self._rules = [(r, False) for r in self.rules] + [(r.reversed(), True) for r in self.rules]
+
+    def cost(self, pcg: PCG) -> tuple[tuple[MachineView, ...], CostReport]:
+        views = default_views(pcg)
+        return views, estimate(pcg, views, self.cluster, self.config)
+
+    def run(self, starts: Sequence[tuple[str, PCG]]) -> Found:
+        t0 = time.monotonic()
+        deadline = t0 + self.budget
+        seen: set[str] = set()
+        heap: list = []
+        best: Found | None = None
+        for name, g in starts:
+            g = simplify(g)
+            if g.canonical_hash in seen:
+                continue
+            seen.add(g.canonical_hash)
+            views, rep = self.cost(g)
+            f = Found(g, views, rep, name)
+            self.stats.candidates += 1
+            best = _better(best, f)
+            heapq.heappush(heap, (_key(rep), g.canonical_hash, f))
+        assert best is not None
+        while heap and time.monotonic() < deadline:
+            _, _, cur = heapq.heappop(heap)
+            if cur.report.step_time > self.alpha * best.report.step_time:
+                continue
+            self.stats.expanded += 1
+            for new in self._neighbours(cur, deadline):
+                h = new.pcg.canonical_hash
+                if h in seen:
+                    continue
+                seen.add(h)
+                views, rep = self.cost(new.pcg)
+                self.stats.candidates += 1
+                f = Found(new.pcg, views, rep, cur.start, new.path)
+                best = _better(best, f)
+                if rep.feasible and rep.step_time <= self.alpha * best.report.step_time:
+                    heapq.heappush(heap, (_key(rep), h, f))
+                if self.progress:
+                    self.progress(self.stats, best.report.step_time, deadline - time.monotonic())
+                if time.monotonic() >= deadline:
+                    break
+        self.stats.timed_out = bool(heap) and time.monotonic() >= deadline
+        self.stats.seconds = time.monotonic() - t0
+        return best
+
+    def _neighbours(self, cur: Found, deadline: float):
+        g = cur.pcg
+        for rule, reverse in self._rules:
+            if time.monotonic() >= deadline:
+                return
+            for m in find_matches(g, rule, limit=self.matches_per_rule):
+                free = free_params(rule)
+                for d in (self.degrees if free else (0,)):
+                    params = {p: d for p in free}
+                    try:
+                        new = simplify(apply_match(g, m, params))
+                    except RewriteError:
+                        continue
+                    self.stats.rules_applied += 1
+                    node = g.nodes[m.root]
+                    rid = rule.reversed().id if reverse else rule.id
+                    step = Applied(rid, rule.name, reverse, node.name or node.kind, tuple(sorted(params.items())))
+                    yield Found(new, (), cur.report, cur.start, cur.path + (step,))
+
+
+def _key(rep: CostReport) -> tuple:
+    return (not rep.feasible, rep.step_time)
+
+
+def _better(a: Found | None, b: Found) -> Found:
+    if a is None:
+        return b
+    if _key(b.report) < _key(a.report):
+        return b
+    if _key(b.report) == _key(a.report) and b.pcg.canonical_hash < a.pcg.canonical_hash:
+        return b
+    return a

@@ -1,0 +1,520 @@
+"""The rule verifier: a rule is kept only if z3 proves ``src != dst`` unsatisfiable.
+
+:func:`verify_rule` runs three steps and stops at the first that rejects:
+
+1. **layouts** — both sides are built as PCGs over a few generic input layouts
+   (unpartitioned ``[4,4]``, ``[6,6]``, ``[2,4,4]`` tensors, with the degrees and
+   replicas the rule's constraints ask of its inputs; each parameter bound to 2 or 3
+   where the sizes allow; mixed ``[4,4]``/``[4,8]``/``[8,4]`` inputs if nothing else
+   fits). The source must type-check somewhere (with its constraints holding); wherever
+   it does, the target must too, with identical output parallel shapes. This is exact:
+   which pieces exist is the shape system's business, not z3's.
+2. **numbers** — both sides are evaluated on random integer tensors at every such
+   layout; a difference rejects the rule with the counterexample.
+3. **proof** — one z3 term per output of each side (:func:`terms`), under the axioms
+   of :mod:`.axioms`, at each distinct (input ranks, binding); the rule is accepted only
+   if ``Or(src_i != dst_i)`` is ``unsat`` every time. ``sat``, a timeout or ``unknown``
+   (E-matching saturated, or :data:`MAX_INSTANCES` reached) reject it, with that reason.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import z3
+
+from ..errors import ShapeError, UnityError
+from ..ir.dtypes import DType
+from ..ir.ops.elementwise import LINEAR_UNARY
+from ..ir.ops.parallel import reduces_copies
+from ..ir.ops.sources import InputAttrs
+from ..ir.opspec import attrs_key
+from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
+from ..ir.shapes import ParallelTensorShape, TensorShape
+from .axioms import EW_FUNCS, Signature, axioms_for, conv_config, evaluate_term, function_symbols, signature
+from .codec import AXIS_FIELDS, from_pattern
+from .rule import Constraint, Pattern, Rule
+from .semantics import evaluate
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the verifier made of one rule; ``reason`` is ``"proved"`` or why it was rejected."""
+
+    rule_id: str
+    accepted: bool
+    reason: str
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Input parallel shapes and parameter values to instantiate a rule at."""
+
+    shapes: Mapping[str, ParallelTensorShape]
+    binding: Mapping[str, int]
+
+    def __str__(self) -> str:
+        ins = ", ".join(f"{k}: {v}" for k, v in self.shapes.items())
+        params = ", ".join(f"{k}={v}" for k, v in sorted(self.binding.items()))
+        return f"{ins}{'; ' + params if params else ''}"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Both sides of a rule built at one layout."""
+
+    layout: Layout
+    src: PCG
+    dst: PCG
+
+
+BASES = ((4, 4), (6, 6), (2, 4, 4))
+"""Generic input shapes; every input gets the base shape unless the rule uses it otherwise."""
+DEGREES = (2, 3)
+"""Values tried for each parameter (only those that divide the base shape's dims)."""
+MAX_BINDINGS = 4
+MAX_MIXED = 243
+"""How many mixed-shape layouts to try when no generic one type-checks the source."""
+CONV_SPATIAL = 5
+MAX_INSTANCES = 5000
+"""Axiom instances z3 may make per check. Proofs of the 2,276 rules that ``max_ops=3``
+generates need at most 58; a wrong rule can make E-matching loop (``a - a`` breeds
+``Scale(k, a)`` for ever larger ``k``), and this stops it fast and deterministically."""
+
+
+class Rejected(Exception):
+    """Stops verification of a rule; its message is the verdict's reason."""
+
+
+def verify_rule(rule: Rule, timeout_ms: int = 1000) -> Verdict:
+    """Check a rule's layouts and values, then prove it with z3 (see the module docstring)."""
+    t0 = time.perf_counter()
+    try:
+        instances = check_layouts(rule)
+        check_numbers(rule, instances)
+        reason = prove(rule, instances, timeout_ms)
+        accepted = reason == "proved"
+    except Rejected as e:
+        accepted, reason = False, str(e)
+    except Exception as e:  # a malformed rule must be rejected, never crash a batch
+        accepted, reason = False, f"verifier error: {type(e).__name__}: {e}"
+    return Verdict(rule.id, accepted, reason, time.perf_counter() - t0)
+
+
+def verify_all(rules: Sequence[Rule], timeout_ms: int = 1000, jobs: int = 2,
+               progress: Callable[[int, int, Verdict], None] | None = None) -> list[Verdict]:
+    """Verify many rules in a pool of ``jobs`` processes; verdicts come back in the rules'
+    order, and ``progress(done, total, verdict)`` is called as each one does.
+
+    Workers are spawned, not forked (z3 state does not survive a fork reliably), so a
+    script calling this must guard its main module with ``if __name__ == "__main__"``.
+    """
+    work = [(r, timeout_ms) for r in rules]
+    if jobs <= 1 or len(rules) <= 1:
+        return _collect(map(_verify_job, work), len(work), progress)
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        chunk = max(1, min(16, len(work) // (4 * jobs)))
+        return _collect(pool.imap(_verify_job, work, chunksize=chunk), len(work), progress)
+
+
+def _collect(verdicts: Iterable[Verdict], total: int,
+             progress: Callable[[int, int, Verdict], None] | None) -> list[Verdict]:
+    out: list[Verdict] = []
+    for v in verdicts:
+        out.append(v)
+        if progress:
+            progress(len(out), total, v)
+    return out
+
+
+def _verify_job(job: tuple[Rule, int]) -> Verdict:
+    return verify_rule(*job)
+
+
+# ---------------------------------------------------------------------------
+# Step 1: layouts
+
+
+def check_layouts(rule: Rule) -> list[Instance]:
+    """The layouts where the source type-checks and its constraints hold; raises Rejected
+    if there is none, or if the target does not give the same output layouts there."""
+    instances: list[Instance] = []
+    first_problem = None
+    for layout in candidate_layouts(rule):
+        problem = _try_layout(rule, layout, instances)
+        first_problem = first_problem or problem
+    if not instances:
+        for layout in mixed_layouts(rule):
+            _try_layout(rule, layout, instances)
+            if len(instances) >= 3:
+                break
+    if not instances:
+        raise Rejected(f"does not type-check: {first_problem}")
+    return instances
+
+
+def _try_layout(rule: Rule, layout: Layout, instances: list[Instance]) -> str | None:
+    """Adds the instance if the source applies at this layout; returns why not, if not."""
+    try:
+        src, env = build(rule.src, layout)
+    except (ShapeError, KeyError, TypeError, ValueError, IndexError) as e:
+        return f"src: {_msg(e)} ({layout})"
+    bad = failed_constraint(rule.constraints, env, layout.binding)
+    if bad:
+        return f"constraint {bad} fails ({layout})"
+    try:
+        dst, _ = build(rule.dst, layout)
+    except (ShapeError, KeyError, TypeError, ValueError, IndexError) as e:
+        raise Rejected(f"does not type-check: dst fails where src type-checks: {_msg(e)} ({layout})") from None
+    for k, (a, b) in enumerate(zip(src.outputs, dst.outputs, strict=True)):
+        sa, sb = src.shape(a), dst.shape(b)
+        if sa != sb:
+            which = f" at output {k}" if len(src.outputs) > 1 else ""
+            raise Rejected(f"layouts differ: src gives {sa}, dst gives {sb}{which} ({layout})")
+    instances.append(Instance(layout, src, dst))
+    return None
+
+
+def _msg(e: Exception) -> str:
+    return str(e) if isinstance(e, UnityError) else f"{type(e).__name__}: {e}"
+
+
+def build(pattern: Pattern, layout: Layout) -> tuple[PCG, dict[str, ParallelTensorShape]]:
+    """One side as a PCG over Input nodes (as ``codec.build_side``), and the shape of every
+    tensor it names. Pattern axes out of range are type errors here."""
+    b = GraphBuilder()
+    env: dict[str, TensorRef] = {}
+    for name, shape in layout.shapes.items():
+        env[name] = b.add(InputAttrs(shape.logical), (), name, outputs=[shape])[0]
+    for n in pattern.nodes:
+        refs = [env[t] for t in n.inputs]
+        shapes = [b.shape(r) for r in refs]
+        rank = shapes[0].rank if shapes else 0
+        for f in AXIS_FIELDS.get(n.kind, ()):
+            v = dict(n.attrs).get(f)
+            if isinstance(v, int) and not -rank <= v < 0:
+                raise ShapeError(f"{n.kind}: axis {v} does not exist in a rank-{rank} tensor")
+        outs = b.add(from_pattern(n, shapes, layout.binding), refs)
+        if len(outs) != len(n.outputs):
+            raise ShapeError(f"{n.kind} makes {len(outs)} outputs, the pattern names {len(n.outputs)}")
+        env.update(zip(n.outputs, outs, strict=True))
+    pcg = b.build([env[t] for t in pattern.outputs])
+    return pcg, {t: b.shape(r) for t, r in env.items()}
+
+
+def candidate_layouts(rule: Rule) -> list[Layout]:
+    """Generic layouts: each base shape, each binding of the parameters, adjusted to what
+    the constraints say about the inputs' degrees and replicas."""
+    out = []
+    for base in BASES:
+        shapes = {name: _input_shape(rule, name, base) for name in rule.inputs}
+        for binding in _bindings(rule):
+            if any(size % math.prod(binding.values()) for size in base):
+                continue  # only degrees the sizes allow
+            layout = _constrained(Layout(shapes, binding), rule.constraints)
+            if layout is not None:
+                out.append(layout)
+    return out
+
+
+def mixed_layouts(rule: Rule) -> list[Layout]:
+    """Layouts whose inputs differ in shape ([4,4], [4,8], [8,4]), for rules that need it."""
+    menu = ((4, 4), (4, 8), (8, 4))
+    out = []
+    names = list(rule.inputs)
+    for combo in itertools.islice(itertools.product(menu, repeat=len(names)), MAX_MIXED):
+        shapes = {name: _input_shape(rule, name, dims) for name, dims in zip(names, combo, strict=True)}
+        layout = _constrained(Layout(shapes, _bindings(rule)[0]), rule.constraints)
+        if layout is not None:
+            out.append(layout)
+    return out
+
+
+def _bindings(rule: Rule) -> list[dict[str, int]]:
+    combos = itertools.product(DEGREES, repeat=len(rule.params))
+    return [dict(zip(rule.params, c, strict=True)) for c in itertools.islice(combos, MAX_BINDINGS)]
+
+
+def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensorShape:
+    """A generic shape for one input, bent to how the rule uses it (ids, conv operands)."""
+    n = base[-1]
+    for node in rule.src.nodes + rule.dst.nodes:
+        if name not in node.inputs:
+            continue
+        pos = node.inputs.index(name)
+        attrs = dict(node.attrs)
+        if node.kind in ("Gather", "GatherND") and pos == 1:
+            return ParallelTensorShape.unpartitioned(TensorShape((n,), DType.INT64))
+        if node.kind == "Conv" and isinstance(attrs.get("kernel"), tuple):
+            kernel, groups = attrs["kernel"], attrs.get("groups", 1)
+            groups = groups if isinstance(groups, int) and n % groups == 0 else 1
+            dims = {0: (base[0], n) + (CONV_SPATIAL + max(kernel),) * len(kernel),
+                    1: (n, n // groups) + tuple(kernel), 2: (n,)}[pos]
+            return ParallelTensorShape.unpartitioned(TensorShape(dims))
+    return ParallelTensorShape.unpartitioned(TensorShape(base))
+
+
+def _constrained(layout: Layout, constraints: Sequence[Constraint]) -> Layout | None:
+    """Apply constraints that fix an input's degree/replicas (``EQUAL``/``DIVISIBLE_BY``
+    with a number or parameter); None if the result is not a valid shape."""
+    shapes = dict(layout.shapes)
+    for c in constraints:
+        for lhs, rhs in ((c.lhs, c.rhs), (c.rhs, c.lhs)):
+            if c.kind not in ("EQUAL", "DIVISIBLE_BY") or not _is_layout_operand(lhs, shapes):
+                continue
+            want = _value(rhs, {}, layout.binding)
+            if want is None or want < 1:
+                continue
+            s = shapes[lhs[1]]
+            have = _value(lhs, shapes, layout.binding) or 1
+            new = want if c.kind == "EQUAL" else math.lcm(have, want)
+            if lhs[0] == "degree":
+                s = s.with_dim(lhs[2], new)
+            elif lhs[0] == "sum":
+                s = s.with_replicas(sum_degree=new)
+            else:
+                s = s.with_replicas(copy_degree=new)
+            if s.problems():
+                return None
+            shapes[lhs[1]] = s
+    return Layout(shapes, layout.binding)
+
+
+def _is_layout_operand(v: Any, shapes: Mapping[str, ParallelTensorShape]) -> bool:
+    if not isinstance(v, tuple) or len(v) < 2 or v[0] not in ("degree", "sum", "copy") or v[1] not in shapes:
+        return False
+    if v[0] == "degree":
+        return len(v) == 3 and isinstance(v[2], int) and -shapes[v[1]].rank <= v[2] < shapes[v[1]].rank
+    return True
+
+
+def _value(v: Any, shapes: Mapping[str, ParallelTensorShape], binding: Mapping[str, int]) -> int | None:
+    """The integer a constraint operand stands for, or None if it names nothing known."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if not isinstance(v, tuple) or not v:
+        return None
+    match v:
+        case ("param", str(name)):
+            return binding.get(name)
+        case ("dim" | "degree", str(t), int(axis)) if t in shapes and -shapes[t].rank <= axis < shapes[t].rank:
+            s = shapes[t]
+            return s.sizes[axis] if v[0] == "dim" else s.degrees[axis]
+        case ("sum", str(t)) if t in shapes:
+            return shapes[t].sum_degree
+        case ("copy", str(t)) if t in shapes:
+            return shapes[t].copy_degree
+        case ("rank", str(t)) if t in shapes:
+            return shapes[t].rank
+    return None
+
+
+def failed_constraint(constraints: Sequence[Constraint], shapes: Mapping[str, ParallelTensorShape],
+                      binding: Mapping[str, int]) -> str | None:
+    """The first constraint that does not hold (as text), or None."""
+    for c in constraints:
+        a, b = _value(c.lhs, shapes, binding), _value(c.rhs, shapes, binding)
+        if a is None or b is None:
+            ok = False
+        elif c.kind == "EQUAL":
+            ok = a == b
+        elif c.kind == "DIVISIBLE_BY":
+            ok = b != 0 and a % b == 0
+        elif c.kind == "AT_LEAST":
+            ok = a >= b
+        else:
+            ok = False
+        if not ok:
+            return f"{c.kind}({c.lhs}, {c.rhs})"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Step 2: numbers
+
+
+def check_numbers(rule: Rule, instances: Sequence[Instance], draws: int = 2) -> bool:
+    """Evaluate both sides on random integers at every layout; raises Rejected with a
+    counterexample if they differ. Ops without a reference kernel in ``semantics`` are run
+    through the axioms' numpy model of their terms; False if neither knows an op."""
+    rng = np.random.default_rng(int(rule.id[:8], 16))
+    for inst in instances:
+        for _ in range(draws):
+            values = random_inputs(inst.layout, rng)
+            try:
+                a, b = _values(inst.src, values), _values(inst.dst, values)
+            except NotImplementedError:
+                return False
+            for k, (u, v) in enumerate(zip(a, b, strict=True)):
+                if u.shape != v.shape or not np.allclose(u, v, rtol=1e-9, atol=1e-9, equal_nan=True):
+                    raise Rejected(_counterexample(values, k, u, v, inst.layout))
+    return True
+
+
+def _values(pcg: PCG, values: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    try:
+        return evaluate(pcg, values)
+    except (NotImplementedError, KeyError):  # semantics has no kernel for some op
+        return [np.asarray(evaluate_term(t, values)) for t in terms(pcg)]
+
+
+def random_inputs(layout: Layout, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Small random integers; integer tensors (ids) stay within the smallest dim."""
+    float_dims = [d for s in layout.shapes.values() if not s.dtype.value.startswith("int") for d in s.sizes]
+    bound = max(1, min(float_dims, default=2))
+    out = {}
+    for name, s in layout.shapes.items():
+        if s.dtype.value.startswith("int"):
+            out[name] = rng.integers(0, bound, s.sizes).astype(np.int64)
+        else:
+            out[name] = rng.integers(-3, 4, s.sizes).astype(np.float64)
+    return out
+
+
+def _counterexample(values: Mapping[str, np.ndarray], k: int, u: np.ndarray, v: np.ndarray, layout: Layout) -> str:
+    ins = "; ".join(f"{n}={_short(x)}" for n, x in values.items())
+    if u.shape != v.shape:
+        diff = f"src output {k} has shape {list(u.shape)}, dst {list(v.shape)}"
+    else:
+        where = tuple(int(i) for i in np.argwhere(~np.isclose(u, v, equal_nan=True))[0])
+        diff = f"output {k} at {list(where)}: src gives {_num(u[where])}, dst gives {_num(v[where])}"
+    params = ", ".join(f"{p}={d}" for p, d in sorted(layout.binding.items()))
+    return f"counterexample: {diff}; with {ins}{'; ' + params if params else ''}"
+
+
+def _short(x: np.ndarray) -> str:
+    flat = x.astype(np.int64) if np.all(np.mod(x, 1) == 0) else x
+    return np.array2string(flat, separator=",", threshold=64, max_line_width=10_000).replace("\n", "")
+
+
+def _num(x: Any) -> str:
+    f = float(x)
+    return str(int(f)) if f.is_integer() else f"{f:g}"
+
+
+# ---------------------------------------------------------------------------
+# Step 3: proof
+
+
+def prove(rule: Rule, instances: Sequence[Instance], timeout_ms: int) -> str:
+    """"proved" if z3 shows ``src != dst`` unsatisfiable at every distinct (input ranks,
+    binding) instance; else raises Rejected with z3's answer."""
+    seen = set()
+    for inst in instances:
+        key = (tuple(s.rank for s in inst.layout.shapes.values()), tuple(sorted(inst.layout.binding.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        s = signature()
+        try:
+            lhs, rhs = terms(inst.src, s), terms(inst.dst, s)
+        except NotImplementedError as e:
+            raise Rejected(f"cannot encode for z3: {e}") from None
+        result = check_equal(lhs, rhs, timeout_ms)
+        if result != "unsat":
+            raise Rejected(f"z3: {result} ({inst.layout})")
+    return "proved"
+
+
+def check_equal(lhs: Sequence[z3.ExprRef], rhs: Sequence[z3.ExprRef], timeout_ms: int) -> str:
+    """z3's answer to ``Or(lhs_i != rhs_i)`` under the axioms: "unsat", "sat", "timeout" or
+    "unknown (why)"."""
+    solver = z3.SimpleSolver()  # the SMT core itself: the default tactic front end ignores smt.mbqi
+    solver.set("smt.mbqi", False)  # E-matching only: every instance grows from a well-typed graph's terms
+    solver.set("smt.qi.max_instances", MAX_INSTANCES)
+    solver.set("timeout", int(timeout_ms))
+    solver.add(*axioms_for(function_symbols(*lhs, *rhs)))
+    solver.add(z3.Or([a != b for a, b in zip(lhs, rhs, strict=True)]))
+    r = solver.check()
+    if r == z3.unsat:
+        return "unsat"
+    if r == z3.sat:
+        return "sat"
+    stats = solver.statistics()
+    if "quant instantiations" in stats.keys() and stats.get_key_value("quant instantiations") >= MAX_INSTANCES:
+        return f"unknown (gave up after {MAX_INSTANCES} axiom instances)"
+    why = solver.reason_unknown().strip("()")
+    return "timeout" if why in ("timeout", "canceled") else f"unknown ({why})"
+
+
+def terms(pcg: PCG, s: Signature | None = None) -> list[z3.ExprRef]:
+    """One z3 term per output of a PCG, its sources as constants named like them."""
+    s = s or signature()
+    values: dict[tuple[int, int], z3.ExprRef] = {}
+    for i, n in pcg:
+        if n.spec.is_source:
+            values[(i, 0)] = z3.Const(n.name, s.T)
+            continue
+        args = [values[(r.node, r.index)] for r in n.inputs]
+        ins = [pcg.shape(r) for r in n.inputs]
+        for k, t in enumerate(encode(s, n, args, ins)):
+            values[(i, k)] = t
+    return [values[(r.node, r.index)] for r in pcg.outputs]
+
+
+def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorShape]) -> list[z3.ExprRef]:
+    """The terms of one node's outputs from its inputs' terms."""
+    a = n.op
+    outs = n.outputs
+    same = all(i.sizes == outs[0].sizes for i in ins)
+    match n.kind:
+        case "MatMul" if min(ins[0].rank, ins[1].rank) >= 2 and ins[0].sizes[:-2] == ins[1].sizes[:-2]:
+            return [s.matmul(x[0], x[1])]
+        case "Unary" if a.fn == "Relu":
+            return [s.relu(x[0])]
+        case "Unary" if a.fn == "Neg":
+            return [s.scale(-1, x[0])]
+        case "Unary" if a.fn in LINEAR_UNARY:  # Identity, Dropout (inference mode)
+            return [x[0]]
+        case "Unary" if a.fn in EW_FUNCS:
+            return [s.ew(EW_FUNCS.index(a.fn), x[0])]
+        case "Binary" if a.fn in ("Add", "Sum", "Sub", "Mul"):
+            if a.fn == "Sub":
+                x = [x[0], s.scale(-1, x[1])]
+            f = (s.mul if a.fn == "Mul" else s.add) if same else (s.bmul if a.fn == "Mul" else s.badd)
+            return [functools.reduce(f, x)]
+        case "Scale":
+            return [s.scale(a.factor, x[0])]
+        case "Transpose" if tuple(a.perm) == tuple(range(len(a.perm))):
+            return [x[0]]
+        case "Transpose" if len(a.perm) >= 2 and tuple(a.perm) == tuple(range(len(a.perm) - 2)) + (
+                len(a.perm) - 1, len(a.perm) - 2):
+            return [s.transpose(x[0])]
+        case "Concat":
+            ax = a.axis - ins[0].rank
+            acc, size = x[0], ins[0].sizes[a.axis]
+            for t, shape in zip(x[1:], ins[1:], strict=True):
+                acc = s.concat(ax, size, shape.sizes[a.axis], acc, t)
+                size += shape.sizes[a.axis]
+            return [acc]
+        case "Split":
+            ax = a.axis - ins[0].rank
+            parts, rest, total = [], x[0], sum(a.sizes)
+            for size in a.sizes[:-1]:
+                parts.append(s.split(ax, size, total - size, 0, rest))
+                rest, total = s.split(ax, size, total - size, 1, rest), total - size
+            return parts + [rest]
+        case "Repartition":
+            return [s.repartition(a.dim, a.degree, x[0])]
+        case "Combine":
+            return [s.combine(a.dim, a.degree, x[0])]
+        case "Replicate":
+            return [s.replicate(a.degree, x[0])]
+        case "Reduction":
+            return [(s.reduce_copies if reduces_copies(ins[0]) else s.reduce_sum)(a.degree, x[0])]
+        case "Gather":
+            return [s.gather(a.axis - ins[0].rank, x[0], x[1])]
+        case "Conv" if len(x) == 2:
+            return [s.conv(conv_config(a), x[0], x[1])]
+    key = attrs_key(a)
+    return [s.opaque(f"{key}|{len(x)}|{k}", len(x))(*x) for k in range(len(outs))]
