@@ -13,9 +13,10 @@ class Progress:
         self.start = time.monotonic()
         self.last = 0.0
 
-    def __call__(self, done: int, total: int, note: str = "") -> None:
+    def __call__(self, done: int, total: int, note: object = "") -> None:
         if not self.enabled:
             return
+        note = note if isinstance(note, str) else ""
         now = time.monotonic()
         if now - self.last < 0.1 and done < total:
             return

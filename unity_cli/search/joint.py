@@ -129,6 +129,8 @@ class JointSearch:
                         new = simplify(apply_match(g, m, params))
                     except RewriteError:
                         continue
+                    if max(n.outputs[0].pieces for _, n in new) > self.cluster.num_devices:
+                        continue  # more pieces than devices: no machine view can hold it
                     self.stats.rules_applied += 1
                     node = g.nodes[m.root]
                     rid = rule.reversed().id if reverse else rule.id

@@ -1,0 +1,3 @@
+"""Substitutions: the rule format, matching and applying, the generator, the z3 verifier
+and the verified rule cache."""
+from __future__ import annotations
