@@ -103,10 +103,12 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--strategy", default="best", show_default=True,
               help="best | data_parallel | tensor_parallel")
 @click.option("--out", "out_path", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--rules", "rules_path", type=click.Path(dir_okay=False),
+              help="Verified rule cache (default: the one shipped with unity).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @handles_errors
 def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
-             optimizer: str, strategy: str, out_path: str, as_json: bool) -> None:
+             optimizer: str, strategy: str, out_path: str, rules_path: str | None, as_json: bool) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     from .cluster import load_cluster, local_cluster
     from .cost.model import CostConfig, Optimizer
@@ -115,6 +117,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     from .plan.build import make_plan
     from .report.summary import summary
     from .search.optimize import optimize as run_search
+    from .substitutions.cache import load_cache
 
     if batch_size is not None and batch_size < 1:
         raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
@@ -122,10 +125,12 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     if not out_dir.is_dir():
         raise UsageError(f"--out {out_path}: directory {out_dir} does not exist")
     cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
+    rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
     config = CostConfig(DType(dtype), Optimizer(optimizer))
     result = run_search(imported.pcg, cluster, config, strategy)
-    plan = make_plan(imported, cluster, config, result)
+    plan = make_plan(imported, cluster, config, result,
+                     {"rules_loaded": len(rules.rules), "rules_hash": rules.content_hash()})
     plan.save(out_path)
     notes = []
     if imported.batch_defaulted:

@@ -22,7 +22,8 @@ def report_summary(report: CostReport, devices: int) -> dict:
     }
 
 
-def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, result: SearchResult) -> Plan:
+def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, result: SearchResult,
+              search: dict | None = None) -> Plan:
     chosen = result.chosen
     predicted = report_summary(chosen.report, chosen.baseline.devices)
     predicted["memory_bytes"] = list(chosen.report.memory)
@@ -35,4 +36,5 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     }
     baselines = {name: report_summary(c.report, c.baseline.devices) for name, c in sorted(result.candidates.items())}
     return Plan(model_info, cluster, {"dtype": config.dtype.value, "optimizer": config.optimizer.value},
-                chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines)
+                chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
+                search=search or {})

@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +90,10 @@ class Rule:
     name: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
-    @property
+    @cached_property
     def id(self) -> str:
         """Content hash of the canonical encoding (the name and metadata are not part of it)."""
-        body = {k: v for k, v in self.to_json().items() if k not in ("id", "name", "meta")}
-        return hashlib.sha256(canonical(body).encode()).hexdigest()[:16]
+        return hashlib.sha256(canonical(self._body()).encode()).hexdigest()[:16]
 
     @property
     def size(self) -> int:
@@ -106,15 +106,18 @@ class Rule:
     def reversed(self) -> Rule:
         return Rule(self.inputs, self.params, self.dst, self.src, self.constraints, self.name, self.meta)
 
-    def to_json(self) -> dict[str, Any]:
-        out = {
+    def _body(self) -> dict[str, Any]:
+        return {
             "inputs": list(self.inputs),
             "params": list(self.params),
             "src": _pattern_json(self.src),
             "dst": _pattern_json(self.dst),
             "constraints": [[c.kind, _plain(c.lhs), _plain(c.rhs)] for c in self.constraints],
         }
-        out["id"] = hashlib.sha256(canonical(out).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        out = self._body()
+        out["id"] = self.id
         out["name"] = self.name
         if self.meta:
             out["meta"] = dict(self.meta)
