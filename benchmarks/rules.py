@@ -36,8 +36,12 @@ def main() -> None:
     print(f"`unity verify-rules --max-ops {args.max_ops}`: {wall:.0f} s wall on this machine\n")
     print("| stage | count |")
     print("|---|---:|")
-    for k, v in r["counts"].items():
-        print(f"| {k.replace('_', ' ')} | {v} |")
+    order = ["graphs", "classes", "classes_with_rules", "candidates", "after_renamings", "after_common_subgraph",
+             "after_same_root", "after_trivial", "after_equivalent_subterms", "parametric_rules",
+             "hand_written_parallel_rules", "candidates_verified"]
+    for k in order + sorted(set(r["counts"]) - set(order) - {"rules"}):
+        if k in r["counts"]:
+            print(f"| {k.replace('_', ' ')} | {r['counts'][k]} |")
     print(f"| verified | {r['verified']} |")
     for reason, n in r["rejected_by_reason"].items():
         print(f"| rejected: {reason} | {n} |")
