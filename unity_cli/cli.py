@@ -101,20 +101,26 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam", show_default=True,
               help="Optimizer whose state is counted in memory.")
 @click.option("--strategy", default="best", show_default=True,
-              help="best | data_parallel | tensor_parallel")
+              help="best | data_parallel | tensor_parallel | unity (the joint substitution search)")
+@click.option("--budget", type=float, default=30.0, show_default=True,
+              help="Seconds the joint search (--strategy unity) may take; the best plan so far is kept.")
+@click.option("--alpha", type=float, default=1.05, show_default=True,
+              help="The joint search expands candidates within this factor of the best.")
 @click.option("--out", "out_path", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False),
               help="Verified rule cache (default: the one shipped with unity).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @handles_errors
 def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
-             optimizer: str, strategy: str, out_path: str, rules_path: str | None, as_json: bool) -> None:
+             optimizer: str, strategy: str, budget: float, alpha: float, out_path: str, rules_path: str | None,
+             as_json: bool) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     from .cluster import load_cluster, local_cluster
     from .cost.model import CostConfig, Optimizer
     from .ir import DType
     from .onnx_import import DEFAULT_BATCH, ImportOptions, import_model
     from .plan.build import make_plan
+    from .report.progress import Progress
     from .report.summary import summary
     from .search.optimize import optimize as run_search
     from .substitutions.cache import load_cache
@@ -128,7 +134,17 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
     config = CostConfig(DType(dtype), Optimizer(optimizer))
-    result = run_search(imported.pcg, cluster, config, strategy)
+    if budget <= 0:
+        raise UsageError(f"--budget must be positive, got {budget}")
+    if alpha < 1:
+        raise UsageError(f"--alpha must be >= 1, got {alpha}")
+    progress = Progress("search", enabled=None if not as_json else False)
+    try:
+        result = run_search(imported.pcg, cluster, config, strategy, rules.rules, budget, alpha,
+                            lambda st, best, left: progress(min(int(budget - left), int(budget)), int(budget),
+                                                            f"{st.candidates} candidates, best {best * 1e3:.3f} ms"))
+    finally:
+        progress.close()
     plan = make_plan(imported, cluster, config, result,
                      {"rules_loaded": len(rules.rules), "rules_hash": rules.content_hash()})
     plan.save(out_path)

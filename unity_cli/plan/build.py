@@ -35,6 +35,12 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
         "batch_size": model.batch_size,
     }
     baselines = {name: report_summary(c.report, c.baseline.devices) for name, c in sorted(result.candidates.items())}
+    search = dict(search or {})
+    if result.stats is not None:  # only what does not depend on the machine's speed
+        search.update(candidates=result.stats.candidates, expanded=result.stats.expanded,
+                      rules_applied=result.stats.rules_applied, finished=not result.stats.timed_out)
+    rewrites = tuple({"rule": a.rule_id, "name": a.rule_name, "reverse": a.reverse, "at": a.at,
+                      "params": dict(a.params)} for a in result.rewrites)
     return Plan(model_info, cluster, {"dtype": config.dtype.value, "optimizer": config.optimizer.value},
                 chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
-                search=search or {})
+                rewrites=rewrites, search=search)
