@@ -53,6 +53,13 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
     devices = f"{p['devices']} device{'s' if p['devices'] != 1 else ''}"
     lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {devices}, "
                  f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} per device")
+    if plan.rewrites:
+        lines.append(f"rewrites {len(plan.rewrites)} applied:")
+        for r in plan.rewrites[:8]:
+            arrow = " (right to left)" if r.get("reverse") else ""
+            lines.append(f"           {r['name']}{arrow}  at {r['at']}  [rule {r['rule']}]")
+        if len(plan.rewrites) > 8:
+            lines.append(f"           ... and {len(plan.rewrites) - 8} more (see the plan's \"rewrites\")")
     if plan_path:
         lines.append(f"wrote    {plan_path}")
     return "\n".join(lines)

@@ -143,10 +143,16 @@ def _key(rep: CostReport) -> tuple:
 
 
 def _better(a: Found | None, b: Found) -> Found:
+    """The faster of two; on a tie (within float noise) the one with fewer rewrites, then
+    the smaller hash, so a plan never carries rewrites that buy nothing."""
     if a is None:
         return b
-    if _key(b.report) < _key(a.report):
-        return b
-    if _key(b.report) == _key(a.report) and b.pcg.canonical_hash < a.pcg.canonical_hash:
-        return b
-    return a
+    fa, fb = a.report.feasible, b.report.feasible
+    if fa != fb:
+        return b if fb else a
+    ta, tb = a.report.step_time, b.report.step_time
+    if abs(ta - tb) > 1e-9 * max(ta, tb):
+        return b if tb < ta else a
+    if len(a.path) != len(b.path):
+        return b if len(b.path) < len(a.path) else a
+    return b if b.pcg.canonical_hash < a.pcg.canonical_hash else a
