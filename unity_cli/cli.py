@@ -104,6 +104,8 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
               help="best | data_parallel | tensor_parallel | unity (the joint substitution search)")
 @click.option("--budget", type=float, default=30.0, show_default=True,
               help="Seconds the joint search (--strategy unity) may take; the best plan so far is kept.")
+@click.option("--memory-limit", type=float, metavar="GB",
+              help="Memory per device the plan may use, in GB (default: each device's capacity).")
 @click.option("--alpha", type=float, default=1.05, show_default=True,
               help="The joint search expands candidates within this factor of the best.")
 @click.option("--out", "out_path", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
@@ -112,8 +114,8 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @handles_errors
 def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
-             optimizer: str, strategy: str, budget: float, alpha: float, out_path: str, rules_path: str | None,
-             as_json: bool) -> None:
+             optimizer: str, strategy: str, budget: float, memory_limit: float | None, alpha: float, out_path: str,
+             rules_path: str | None, as_json: bool) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     from .cluster import load_cluster, local_cluster
     from .cost.model import CostConfig, Optimizer
@@ -133,7 +135,10 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
-    config = CostConfig(DType(dtype), Optimizer(optimizer))
+    if memory_limit is not None and memory_limit <= 0:
+        raise UsageError(f"--memory-limit must be positive, got {memory_limit}")
+    limit = int(memory_limit * 1e9) if memory_limit is not None else None
+    config = CostConfig(DType(dtype), Optimizer(optimizer), limit)
     if budget <= 0:
         raise UsageError(f"--budget must be positive, got {budget}")
     if alpha < 1:

@@ -4,6 +4,7 @@ fastest plan that fits, and infeasibility when nothing fits."""
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,21 @@ def test_best_skips_the_infeasible(shared_models, tmp_path):
     tight = optimize(imported.pcg, _small_cluster(tmp_path, "2 MiB"), CostConfig())
     assert tight.chosen.baseline.name == "tensor_parallel"
     assert not tight.candidates["data_parallel"].report.feasible
+
+
+def test_memory_limit_is_a_hard_constraint(tmp_path):
+    from click.testing import CliRunner
+
+    from unity_cli.cli import cli
+
+    model = Path(__file__).resolve().parents[2] / "examples" / "bert_tiny.onnx"
+    out = tmp_path / "plan.json"
+    args = ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-8.yaml"), "--batch-size", "64", "--out", str(out)]
+    ok = CliRunner().invoke(cli, args + ["--memory-limit", "0.5"])
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads(out.read_text())
+    assert plan["config"]["memory_limit_bytes"] == 500_000_000
+    assert max(plan["predicted"]["memory_bytes"]) <= 500_000_000
+    bad = CliRunner().invoke(cli, args + ["--memory-limit", "0.001"])
+    assert bad.exit_code == 1
+    assert "no strategy fits" in bad.output and "needs" in bad.output and "--memory-limit" in bad.output

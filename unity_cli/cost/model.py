@@ -45,6 +45,7 @@ class Optimizer(Enum):
 class CostConfig:
     dtype: DType = DType.FLOAT32
     optimizer: Optimizer = Optimizer.ADAM
+    memory_limit: int | None = None   # bytes per device; None: each device's capacity
 
 
 class Stream(Enum):
@@ -237,9 +238,12 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     infeasible = None
     for d, used in enumerate(memory):
         cap = cluster.device_type(d).memory_capacity
+        if config.memory_limit is not None:
+            cap = min(cap, config.memory_limit)
         if used > cap:
+            limit = " (the --memory-limit)" if cap == config.memory_limit else ""
             infeasible = (f"needs {format_quantity(used, Dimension.BYTES)} on device {d}, "
-                          f"which has {format_quantity(cap, Dimension.BYTES)}")
+                          f"which has {format_quantity(cap, Dimension.BYTES)}{limit}")
             break
     return CostReport(step, max(busiest_compute, default=0.0), max(busiest_comm, default=0.0), tuple(memory),
                       tuple(costs), tuple(events) + tuple(upd_events), infeasible)

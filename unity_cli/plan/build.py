@@ -41,6 +41,9 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
                       rules_applied=result.stats.rules_applied, finished=not result.stats.timed_out)
     rewrites = tuple({"rule": a.rule_id, "name": a.rule_name, "reverse": a.reverse, "at": a.at,
                       "params": dict(a.params)} for a in result.rewrites)
-    return Plan(model_info, cluster, {"dtype": config.dtype.value, "optimizer": config.optimizer.value},
+    cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}
+    if config.memory_limit is not None:
+        cfg["memory_limit_bytes"] = config.memory_limit
+    return Plan(model_info, cluster, cfg,
                 chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
                 rewrites=rewrites, search=search)

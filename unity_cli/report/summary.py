@@ -49,6 +49,7 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
                      f"{fmt_ms(b['compute_ms']):>12}{fmt_ms(b['comm_ms']):>12}{mem:>15}  {speed:>6}")
     p = plan.predicted
     cap = min(plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices))
+    cap = min(cap, plan.config.get("memory_limit_bytes", cap))
     lines.append("")
     devices = f"{p['devices']} device{'s' if p['devices'] != 1 else ''}"
     lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {devices}, "
