@@ -258,7 +258,8 @@ def test_memory_limit_is_a_hard_constraint(tmp_path):
 
     model = Path(__file__).resolve().parents[2] / "examples" / "bert_tiny.onnx"
     out = tmp_path / "plan.json"
-    args = ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-8.yaml"), "--batch-size", "64", "--out", str(out)]
+    args = ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-8.yaml"), "--batch-size", "64",
+            "--out", str(out)]
     ok = CliRunner().invoke(cli, args + ["--memory-limit", "0.5"])
     assert ok.exit_code == 0, ok.output
     plan = json.loads(out.read_text())
