@@ -105,7 +105,8 @@ def _pass(pcg: PCG) -> tuple[PCG, bool]:
                         remap[TensorRef(i, 0)] = b.add1(fused, [base], n.name)
                         made_by[remap[TensorRef(i, 0)].node] = i
                     continue
-        outs = b.add(n.op, ins, n.name, outputs=n.outputs if n.spec.is_source else None)
+        # Fusing parallel ops never changes a later node's shapes: keep the stored ones.
+        outs = b.add(n.op, ins, n.name, outputs=n.outputs)
         made_by[outs[0].node] = i
         for k, o in enumerate(outs):
             remap[TensorRef(i, k)] = o
