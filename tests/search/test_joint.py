@@ -58,3 +58,14 @@ def test_deterministic_across_hash_seeds(tmp_path, shared_models, cluster_dir):
         plans.append(out.read_bytes())
     assert plans[0] == plans[1]
     assert json.loads(plans[0])["search"]["finished"] is True
+
+
+def test_search_baselines_are_reported_beside_unity(shared_models, cluster_dir, rules):
+    pcg = import_model(shared_models / "convnet_tiny.onnx", ImportOptions(batch_size=8)).pcg
+    cluster = load_cluster(cluster_dir / "dgx-a100-8.yaml")
+    res = optimize(pcg, cluster, CostConfig(), "unity", rules, budget=3.0)
+    assert {"parallel_only", "algebraic_then_parallel", "data_parallel", "tensor_parallel"} <= set(res.candidates)
+    for name in ("parallel_only", "algebraic_then_parallel"):
+        alone = optimize(pcg, cluster, CostConfig(), name, rules, budget=1.5)
+        assert alone.chosen.baseline.name == name
+        assert alone.chosen.report.step_time <= alone.candidates["data_parallel"].report.step_time * (1 + 1e-9)

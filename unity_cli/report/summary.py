@@ -38,14 +38,14 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
     lines += [f"note     {n}" for n in notes]
     lines.append("")
     dp = plan.baselines.get("data_parallel", {}).get("step_time_ms")
-    header = (f"  {'strategy':<18}{'devices':>8}{'step time':>13}{'compute':>12}{'comm':>12}"
+    header = (f"  {'strategy':<24}{'devices':>8}{'step time':>13}{'compute':>12}{'comm':>12}"
               f"{'memory/device':>15}  {'vs DP':>6}")
     lines.append(header)
     for name, b in plan.baselines.items():
         mark = "*" if name == plan.strategy else " "
         speed = f"{dp / b['step_time_ms']:.2f}x" if dp and b["step_time_ms"] else "-"
         mem = fmt_bytes(b["max_memory_bytes"]) + ("" if b["feasible"] else " (too big)")
-        lines.append(f"{mark} {name:<18}{b['devices']:>8}{fmt_ms(b['step_time_ms']):>13}"
+        lines.append(f"{mark} {name:<24}{b['devices']:>8}{fmt_ms(b['step_time_ms']):>13}"
                      f"{fmt_ms(b['compute_ms']):>12}{fmt_ms(b['comm_ms']):>12}{mem:>15}  {speed:>6}")
     p = plan.predicted
     cap = min(plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices))

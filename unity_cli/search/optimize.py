@@ -16,11 +16,12 @@ from ..ir.pcg import PCG
 from ..ir.validate import validate
 from ..substitutions.rule import Rule
 from .baselines import STRATEGIES, Baseline
-from .joint import JointSearch, SearchStats
+from .joint import Found, JointSearch, SearchStats
 from .mapping import dp_map
 from .views import default_views
 
-CHOICES = ("best", "unity") + tuple(STRATEGIES)
+SEARCHES = ("unity", "parallel_only", "algebraic_then_parallel")
+CHOICES = ("best",) + SEARCHES + tuple(STRATEGIES)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,41 @@ def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig) -> Ca
     return best
 
 
+def _starts(pcg: PCG, candidates: dict[str, Candidate]) -> list[tuple[str, PCG]]:
+    return [("plain", pcg)] + [(n, c.baseline.pcg) for n, c in sorted(candidates.items()) if n in STRATEGIES]
+
+
+def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates):
+    """Algebraic and parallelization rules together (the joint search)."""
+    search = JointSearch(cluster, config, rules, budget=budget, alpha=alpha, progress=progress)
+    return search.run(_starts(pcg, candidates)), search.stats
+
+
+def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candidates):
+    """FlexFlow-like: the same search with parallelization rules only."""
+    search = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget, alpha=alpha,
+                         progress=progress)
+    return search.run(_starts(pcg, candidates)), search.stats
+
+
+def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates):
+    """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize."""
+    one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel], budget=budget / 2,
+                      alpha=alpha, progress=progress)
+    rewritten = one.run([("plain", pcg)])
+    base = {name: evaluate(fn(rewritten.pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
+    two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget / 2, alpha=alpha,
+                      progress=progress)
+    found = two.run(_starts(rewritten.pcg, base))
+    stats = SearchStats(one.stats.candidates + two.stats.candidates, one.stats.expanded + two.stats.expanded,
+                        one.stats.rules_applied + two.stats.rules_applied, one.stats.seconds + two.stats.seconds,
+                        one.stats.timed_out or two.stats.timed_out)
+    return Found(found.pcg, found.views, found.report, found.start, rewritten.path + found.path), stats
+
+
+_SEARCH = {"unity": _unity, "parallel_only": _parallel_only, "algebraic_then_parallel": _algebraic_then_parallel}
+
+
 def _better(a: CostReport, b: CostReport) -> bool:
     return (not a.feasible, a.step_time) < (not b.feasible, b.step_time)
 
@@ -61,16 +97,24 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     if strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)})")
     candidates = {name: evaluate(fn(pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
-    if strategy == "unity":
-        search = JointSearch(cluster, config, rules, budget=budget, alpha=alpha, progress=progress)
-        starts = [("plain", pcg)] + [(name, c.baseline.pcg) for name, c in sorted(candidates.items())]
-        found = search.run(starts)
-        devices = max((d for i, n in found.pcg for d in found.views[i].devices(n.outputs[0])), default=0) + 1
-        joint = evaluate(Baseline("unity", found.pcg, devices, f"joint search from {found.start}"), cluster, config)
-        candidates["unity"] = joint
-        if not joint.report.feasible:
-            raise InfeasibleError(f"no plan fits in device memory: the best found {joint.report.infeasible}")
-        return SearchResult(joint, candidates, found.path, search.stats)
+    if strategy in SEARCHES:
+        # The unity search reports the two search baselines too, each with a share of the budget.
+        runs = SEARCHES if strategy == "unity" else (strategy,)
+        shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if strategy == "unity" \
+            else {strategy: 1.0}
+        found_by = {}
+        for name in runs:
+            found, stats = _SEARCH[name](pcg, cluster, config, rules, budget * shares[name], alpha, progress,
+                                         candidates)
+            devices = max((d for i, n in found.pcg for d in found.views[i].devices(n.outputs[0])), default=0) + 1
+            candidates[name] = evaluate(Baseline(name, found.pcg, devices, f"search from {found.start}"),
+                                        cluster, config)
+            found_by[name] = (found, stats)
+        chosen = candidates[strategy]
+        if not chosen.report.feasible:
+            raise InfeasibleError(f"no plan fits in device memory: the best found {chosen.report.infeasible}")
+        found, stats = found_by[strategy]
+        return SearchResult(chosen, candidates, found.path, stats)
     if strategy != "best":
         chosen = candidates[strategy]
         if not chosen.report.feasible:
