@@ -202,5 +202,34 @@ def verify_rules(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int,
         sys.exit(1)
 
 
+
+@cli.command()
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--operators", type=int, default=12, show_default=True, help="How many of the costliest operators.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the text.")
+@handles_errors
+def explain(plan_path: str, operators: int, as_json: bool) -> None:
+    """Explain a saved plan: its prediction, baselines, rewrites and costliest operators."""
+    from .plan.plan import load_plan
+    from .report.explain import data_parallel_rows
+    from .report.operators import operator_rows
+    from .report.summary import plan_config, summary
+
+    plan = load_plan(plan_path)
+    baseline, why = data_parallel_rows(plan)
+    if as_json:
+        rows = operator_rows(plan.pcg, plan.views, plan.cluster, plan_config(plan))
+        top = sorted(rows, key=lambda r: (-r.total_ms, r.name))[:operators]
+        doc = {"strategy": plan.strategy, "predicted": plan.predicted, "baselines": plan.baselines,
+               "rewrites": list(plan.rewrites),
+               "operators": [{"name": r.name, "kind": r.kind, "parallel_shape": r.degrees, "devices": r.devices,
+                              "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
+                              "data_parallel_ms": baseline[r.name].total_ms if baseline and r.name in baseline
+                              else None} for r in top]}
+        click.echo(json.dumps(doc, sort_keys=True))
+        return
+    click.echo(summary(plan, None, [why] if why else [], baseline, operators))
+
+
 if __name__ == "__main__":
     main()

@@ -1,8 +1,13 @@
 """The short human summary ``unity optimize`` prints."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..cluster.spec import ClusterSpec
+from ..cost.model import CostConfig, Optimizer
+from ..ir.dtypes import DType
 from ..plan.plan import Plan
+from .operators import OperatorRow, heaviest_table, operator_rows
 
 
 def fmt_bytes(n: float) -> str:
@@ -29,7 +34,13 @@ def describe_cluster(c: ClusterSpec) -> str:
     return f"{c.name}: " + " + ".join(parts)
 
 
-def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
+def plan_config(plan: Plan) -> CostConfig:
+    c = plan.config
+    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"))
+
+
+def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mapping[str, OperatorRow] | None = None,
+            operators: int = 8) -> str:
     m = plan.model
     inputs = ", ".join(f"{k}[{','.join(map(str, v['dims']))}]" for k, v in m["inputs"].items())
     lines = [f"model    {m['path']}  ({inputs})",
@@ -54,6 +65,12 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str]) -> str:
     devices = f"{p['devices']} device{'s' if p['devices'] != 1 else ''}"
     lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {devices}, "
                  f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} per device")
+    if operators:
+        rows = operator_rows(plan.pcg, plan.views, plan.cluster, plan_config(plan))
+        lines.append("")
+        lines.append("heaviest operators (forward + backward)" +
+                     (", and the data-parallel plan's time for the same operator / this plan's" if baseline else ""))
+        lines.append(heaviest_table(rows, operators, baseline))
     if plan.rewrites:
         lines.append(f"rewrites {len(plan.rewrites)} applied:")
         for r in plan.rewrites[:8]:

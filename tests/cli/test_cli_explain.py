@@ -1,0 +1,60 @@
+"""`unity explain`: a saved plan explained, with the data-parallel comparison per operator."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from unity_cli.cli import cli
+
+SPECS = Path(__file__).resolve().parents[2] / "cluster_specs"
+
+
+def make_plan(tmp_path, model, strategy="tensor_parallel"):
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-8.yaml"),
+                                 "--batch-size", "16", "--strategy", strategy, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_explain_text_compares_with_data_parallel(tmp_path, shared_models):
+    plan = make_plan(tmp_path, shared_models / "convnet_tiny.onnx")
+    r = CliRunner().invoke(cli, ["explain", str(plan), "--operators", "20"])
+    assert r.exit_code == 0, r.output
+    assert "tensor_parallel" in r.output and "data_parallel" in r.output
+    assert "heaviest operators" in r.output and "vs DP" in r.output
+    ratios = [line.split()[-1] for line in r.output.splitlines() if line.strip().endswith("x")
+              and "ms" in line]
+    assert any(x.rstrip("x").replace(".", "").isdigit() for x in ratios)
+
+
+def test_explain_json(tmp_path, shared_models):
+    plan = make_plan(tmp_path, shared_models / "convnet_tiny.onnx")
+    r = CliRunner().invoke(cli, ["explain", str(plan), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["strategy"] == "tensor_parallel"
+    assert doc["operators"] and {"name", "kind", "compute_ms", "comm_ms", "data_parallel_ms"} <= set(doc["operators"][0])
+    assert any(op["data_parallel_ms"] is not None for op in doc["operators"])
+
+
+def test_explain_without_the_model_says_so(tmp_path, shared_models):
+    model = tmp_path / "convnet.onnx"
+    shutil.copy(shared_models / "convnet_tiny.onnx", model)
+    plan = make_plan(tmp_path, model)
+    model.unlink()
+    r = CliRunner().invoke(cli, ["explain", str(plan)])
+    assert r.exit_code == 0, r.output
+    assert "is not here" in r.output
+
+
+def test_explain_a_broken_plan_is_one_line(tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text("{}")
+    r = CliRunner(mix_stderr=False).invoke(cli, ["explain", str(bad)]) if "mix_stderr" in \
+        CliRunner.__init__.__code__.co_varnames else CliRunner().invoke(cli, ["explain", str(bad)])
+    assert r.exit_code == 1
+    assert "error:" in r.output or "error:" in getattr(r, "stderr", "")
