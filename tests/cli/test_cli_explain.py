@@ -37,7 +37,8 @@ def test_explain_json(tmp_path, shared_models):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["strategy"] == "tensor_parallel"
-    assert doc["operators"] and {"name", "kind", "compute_ms", "comm_ms", "data_parallel_ms"} <= set(doc["operators"][0])
+    keys = {"name", "kind", "compute_ms", "comm_ms", "data_parallel_ms"}
+    assert doc["operators"] and keys <= set(doc["operators"][0])
     assert any(op["data_parallel_ms"] is not None for op in doc["operators"])
 
 
@@ -54,7 +55,6 @@ def test_explain_without_the_model_says_so(tmp_path, shared_models):
 def test_explain_a_broken_plan_is_one_line(tmp_path):
     bad = tmp_path / "plan.json"
     bad.write_text("{}")
-    r = CliRunner(mix_stderr=False).invoke(cli, ["explain", str(bad)]) if "mix_stderr" in \
-        CliRunner.__init__.__code__.co_varnames else CliRunner().invoke(cli, ["explain", str(bad)])
+    r = CliRunner().invoke(cli, ["explain", str(bad)])
     assert r.exit_code == 1
-    assert "error:" in r.output or "error:" in getattr(r, "stderr", "")
+    assert "error:" in r.output and "format" in r.output
