@@ -1,0 +1,74 @@
+"""The joint search against the baselines: model x devices -> search seconds, speedup over
+data parallelism, candidates explored.
+
+    python benchmarks/search.py [--budget 30] [--devices 8,32,192] [--models shared|all]
+
+Clusters are the first N devices of summit-192 (6 V100 per node) for 192 and of
+dgx-a100-32 for 8 and 32. Step times are the cost model's predictions. All rows are
+measured in one run of this script.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import onnx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from models.catalog import EXPORTED_DIR, SHARED_MODELS_DIR, ZOO9_NAMES, zoo9_model  # noqa: E402
+
+from unity_cli.cluster import load_cluster  # noqa: E402
+from unity_cli.cost.model import CostConfig  # noqa: E402
+from unity_cli.onnx_import import ImportOptions, import_model  # noqa: E402
+from unity_cli.search.optimize import optimize  # noqa: E402
+from unity_cli.substitutions.cache import load_cache  # noqa: E402
+
+
+def cluster_for(devices: int):
+    name = "summit-192" if devices > 32 else "dgx-a100-32"
+    return load_cluster(REPO / "cluster_specs" / f"{name}.yaml").first(devices)
+
+
+def models(which: str, tmp: Path) -> list[tuple[str, Path, int | None]]:
+    out = [(f"shared/{p.name}", p, None if "_dynamo" in p.name else 64)
+           for p in sorted(SHARED_MODELS_DIR.glob("*.onnx"))]
+    if which == "all":
+        out += [(f"exported/{p.name}", p, None if "_dynamo" in p.name else 64)
+                for p in sorted(EXPORTED_DIR.glob("*.onnx"))]
+        for name in ZOO9_NAMES:
+            p = tmp / f"{name}.onnx"
+            onnx.save(zoo9_model(name), p)
+            out.append((f"zoo9/{name}", p, 192))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=30.0)
+    ap.add_argument("--devices", default="8,32,192")
+    ap.add_argument("--models", choices=["shared", "all"], default="shared")
+    args = ap.parse_args()
+    rules = load_cache().rules
+    config = CostConfig()
+    print(f"budget {args.budget:g} s per search; float32, adam; predicted step times\n")
+    print("| model | devices | DP (ms) | TP (ms) | unity (ms) | speedup over DP | search s | candidates |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as d:
+        for label, path, batch in models(args.models, Path(d)):
+            for n in (int(x) for x in args.devices.split(",")):
+                cluster = cluster_for(n)
+                pcg = import_model(path, ImportOptions(batch)).pcg
+                res = optimize(pcg, cluster, config, "unity", rules, budget=args.budget)
+                dp = res.candidates["data_parallel"].report.step_time
+                tp = res.candidates["tensor_parallel"].report.step_time
+                u = res.chosen.report.step_time
+                print(f"| {label} | {n} | {dp * 1e3:.3f} | {tp * 1e3:.3f} | {u * 1e3:.3f} | {dp / u:.2f}x | "
+                      f"{res.stats.seconds:.1f} | {res.stats.candidates} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
