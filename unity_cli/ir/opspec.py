@@ -106,6 +106,10 @@ class OpSpec:
     def infer_parallel(self, attrs: Any, inputs: Sequence[ParallelTensorShape]) -> tuple[ParallelTensorShape, ...]:
         return infer_parallel(self, attrs, inputs)
 
+    def commutative(self, attrs: Any) -> bool:
+        """Whether the op's value is the same for any order of its inputs."""
+        return False
+
 
 _REGISTRY: dict[str, OpSpec] = {}
 _BY_ATTRS: dict[type, OpSpec] = {}

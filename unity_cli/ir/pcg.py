@@ -91,6 +91,20 @@ class PCG:
         Names of sources (inputs and weights) are part of their hash, names of other
         nodes are not, so equal computations hash equal however they were built.
         """
+        return self._node_hashes(unordered=False)
+
+    @cached_property
+    def canonical_hash(self) -> str:
+        """A hash that is equal for structurally equal graphs (stable across runs)."""
+        return self._graph_hash(self.node_hashes)
+
+    @cached_property
+    def unordered_hash(self) -> str:
+        """Like :attr:`canonical_hash`, but blind to the input order of commutative ops
+        (``Add(a, b)`` and ``Add(b, a)`` hash equal): the search's deduplication key."""
+        return self._graph_hash(self._node_hashes(unordered=True))
+
+    def _node_hashes(self, unordered: bool) -> tuple[str, ...]:
         hashes: list[str] = []
         for n in self.nodes:
             h = hashlib.sha256()
@@ -98,19 +112,19 @@ class PCG:
             h.update("|".join(map(str, n.outputs)).encode())
             if n.spec.is_source:
                 h.update(b"name:" + n.name.encode())
-            for r in n.inputs:
-                h.update(f"<{hashes[r.node]}:{r.index}".encode())
+            ins = [f"<{hashes[r.node]}:{r.index}" for r in n.inputs]
+            if unordered and n.spec.commutative(n.op):
+                ins.sort()
+            for x in ins:
+                h.update(x.encode())
             hashes.append(h.hexdigest())
         return tuple(hashes)
 
-    @cached_property
-    def canonical_hash(self) -> str:
-        """A hash that is equal for structurally equal graphs (stable across runs)."""
+    def _graph_hash(self, hashes: tuple[str, ...]) -> str:
         h = hashlib.sha256()
         for r in self.outputs:
-            h.update(f"out {self.node_hashes[r.node]}:{r.index}\n".encode())
-        sinks = sorted(self.node_hashes[i] for i, users in enumerate(self.consumers) if not users)
-        for s in sinks:
+            h.update(f"out {hashes[r.node]}:{r.index}\n".encode())
+        for s in sorted(hashes[i] for i, users in enumerate(self.consumers) if not users):
             h.update(f"sink {s}\n".encode())
         return h.hexdigest()
 

@@ -83,14 +83,14 @@ class JointSearch:
         best: Found | None = None
         for name, g in starts:
             g = simplify(g)
-            if g.canonical_hash in seen:
+            if g.unordered_hash in seen:
                 continue
-            seen.add(g.canonical_hash)
+            seen.add(g.unordered_hash)
             views, rep = self.cost(g)
             f = Found(g, views, rep, name)
             self.stats.candidates += 1
             best = _better(best, f)
-            heapq.heappush(heap, (_key(rep), g.canonical_hash, f))
+            heapq.heappush(heap, (_key(rep), g.unordered_hash, f))
         assert best is not None
         while heap and time.monotonic() < deadline:
             _, _, cur = heapq.heappop(heap)
@@ -98,7 +98,7 @@ class JointSearch:
                 continue
             self.stats.expanded += 1
             for new in self._neighbours(cur, deadline):
-                h = new.pcg.canonical_hash
+                h = new.pcg.unordered_hash
                 if h in seen:
                     continue
                 seen.add(h)
@@ -155,4 +155,4 @@ def _better(a: Found | None, b: Found) -> Found:
         return b if tb < ta else a
     if len(a.path) != len(b.path):
         return b if len(b.path) < len(a.path) else a
-    return b if b.pcg.canonical_hash < a.pcg.canonical_hash else a
+    return b if b.pcg.unordered_hash < a.pcg.unordered_hash else a

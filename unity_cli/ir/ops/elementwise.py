@@ -121,6 +121,9 @@ class Binary(OpSpec):
         out = broadcast_dims(attrs.fn, inputs)
         return tuple(broadcast_roles(s, out) for s in inputs)
 
+    def commutative(self, attrs) -> bool:
+        return attrs.fn in ("Add", "Mul", "Sum", "Max", "Min", "Equal", "And", "Or")
+
     def terms(self, attrs, n):
         match BINARY_TERMS[attrs.fn]:
             case "sum":
