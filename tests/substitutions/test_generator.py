@@ -20,17 +20,15 @@ from unity_cli.ir.ops.sources import InputAttrs
 from unity_cli.ir.pcg import PCG, GraphBuilder, TensorRef
 from unity_cli.ir.shapes import ParallelTensorShape, TensorShape
 from unity_cli.substitutions.codec import build_side, to_pattern
+from unity_cli.substitutions.enumeration import OPS, _op, graph_hash
 from unity_cli.substitutions.generator import (
     DEFAULT_OPS,
-    OPS,
     GeneratorSettings,
     _common_subgraph,
     _implied_by_subterms,
-    _op,
     _same_root,
     enumerate_graphs,
     generate,
-    graph_hash,
     input_values,
 )
 from unity_cli.substitutions.pieces import assemble, evaluate_pieces
