@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from models.catalog import EXPORTED_DIR
+from models.catalog import EXPORTED_DIR, mlp_model
 from onnx import TensorProto, helper, numpy_helper
 
 from unity_cli.cli import cli as main
@@ -60,18 +60,7 @@ def _check(args: list[str], *needles: str) -> str:
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory) -> Path:
     """A tiny valid model: MatMul -> Relu -> MatMul."""
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
-                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w1, w2])
-    path = tmp_path_factory.mktemp("cli") / "mlp.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
-
+    return mlp_model(tmp_path_factory.mktemp("cli") / "mlp.onnx")
 
 def _yaml(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
     path = tmp_path / name

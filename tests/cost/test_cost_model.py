@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from models.catalog import EXPORTED_DIR
-from onnx import TensorProto, helper, numpy_helper
+from models.catalog import EXPORTED_DIR, absent_initializer, mlp_model
+from onnx import TensorProto
 
 from unity_cli.cluster import Link, load_cluster
 from unity_cli.cost.comm import Collective, collective_time, group_link, groups_time
@@ -35,33 +33,10 @@ def dgx32():
 
 
 def _absent(name: str, dims: list[int]) -> TensorProto:
-    """A float initializer whose data is in an external file that does not exist (shape only)."""
-    t = TensorProto()
-    t.name, t.data_type = name, TensorProto.FLOAT
-    t.dims.extend(dims)
-    t.data_location = TensorProto.EXTERNAL
-    for k, v in (("location", "absent.bin"), ("offset", "0"), ("length", str(math.prod(dims) * 4))):
-        e = t.external_data.add()
-        e.key, e.value = k, v
-    return t
-
+    return absent_initializer(name, dims)
 
 def _mlp(path: Path, d_in: int, hidden: int, d_out: int, shape_only: bool = False) -> Path:
-    """x[batch, d_in] -> MatMul -> Relu -> MatMul -> y[batch, d_out]."""
-    if shape_only:
-        w1, w2 = _absent("w1", [d_in, hidden]), _absent("w2", [hidden, d_out])
-    else:
-        rng = np.random.default_rng(0)
-        w1 = numpy_helper.from_array(rng.standard_normal((d_in, hidden)).astype(np.float32), "w1")
-        w2 = numpy_helper.from_array(rng.standard_normal((hidden, d_out)).astype(np.float32), "w2")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
-                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_in])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_out])], [w1, w2])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
-
+    return mlp_model(path, d_in, hidden, d_out, shape_only)
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):

@@ -85,3 +85,34 @@ def list_exported(which: Sequence[tuple[str, InputShapes]] = EXPORTED_MODELS,
                   folder: Path | None = None) -> list[tuple[Path, InputShapes]]:
     """``(path, shapes)`` for the files of a list that exist on disk."""
     return [(model_path(f, folder), s) for f, s in which if model_path(f, folder).is_file()]
+
+
+def absent_initializer(name: str, dims: Sequence[int]) -> onnx.TensorProto:
+    """A float initializer whose data lives in an external file that does not exist (shape only)."""
+    t = onnx.TensorProto()
+    t.name, t.data_type = name, onnx.TensorProto.FLOAT
+    t.dims.extend(dims)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", "absent.bin"), ("offset", "0"), ("length", str(int(np.prod(dims)) * 4))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
+
+def mlp_model(path: Path, d_in: int = 16, hidden: int = 32, d_out: int = 8, shape_only: bool = False) -> Path:
+    """Save x[batch, d_in] -> MatMul -> Relu -> MatMul -> y[batch, d_out] (two Linears in a row)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    if shape_only:
+        w1, w2 = absent_initializer("w1", [d_in, hidden]), absent_initializer("w2", [hidden, d_out])
+    else:
+        rng = np.random.default_rng(0)
+        w1 = numpy_helper.from_array(rng.standard_normal((d_in, hidden)).astype(np.float32), "w1")
+        w2 = numpy_helper.from_array(rng.standard_normal((hidden, d_out)).astype(np.float32), "w2")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_in])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_out])], [w1, w2])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path

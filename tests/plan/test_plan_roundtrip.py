@@ -11,11 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from models.catalog import EXPORTED_DIR
-from onnx import TensorProto, helper, numpy_helper
+from models.catalog import EXPORTED_DIR, mlp_model
 
 from unity_cli.cluster import ClusterSpec, load_cluster
 from unity_cli.cluster.machine_view import check_view
@@ -40,18 +37,7 @@ def _make(model_path: Path, cluster_name: str, batch: int, strategy: str = "best
 
 @pytest.fixture(scope="module")
 def mlp_path(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
-                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w1, w2])
-    path = tmp_path_factory.mktemp("plan") / "mlp.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
-
+    return mlp_model(tmp_path_factory.mktemp("plan") / "mlp.onnx")
 
 @pytest.fixture(scope="module")
 def bert_plan(shared_models) -> Plan:

@@ -7,11 +7,8 @@ import collections
 import json
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from models.catalog import SHARED_MODELS
-from onnx import TensorProto, helper, numpy_helper
+from models.catalog import SHARED_MODELS, mlp_model
 
 from unity_cli.cluster import load_cluster
 from unity_cli.cluster.machine_view import check_view
@@ -37,18 +34,7 @@ def clusters():
 
 def _mlp(tmp_path: Path, hidden: int = 32) -> Path:
     """x[batch,16] -> MatMul -> Relu -> MatMul -> y[batch,8]: two Linears in a row."""
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((16, hidden)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((hidden, 8)).astype(np.float32), "w2")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
-                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "mlp",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w1, w2])
-    path = tmp_path / "mlp.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
-
+    return mlp_model(tmp_path / "mlp.onnx", hidden=hidden)
 
 @pytest.fixture(scope="module")
 def mlp_path(tmp_path_factory) -> Path:
