@@ -104,6 +104,9 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
               help="best | data_parallel | tensor_parallel | unity (the joint substitution search)")
 @click.option("--budget", type=float, default=30.0, show_default=True,
               help="Seconds the joint search (--strategy unity) may take; the best plan so far is kept.")
+@click.option("--max-candidates", type=int,
+              help="Stop the joint search after this many candidates (a budget that, unlike seconds, "
+                   "gives the same plan on every machine).")
 @click.option("--memory-limit", type=float, metavar="GB",
               help="Memory per device the plan may use, in GB (default: each device's capacity).")
 @click.option("--alpha", type=float, default=1.05, show_default=True,
@@ -114,7 +117,8 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @handles_errors
 def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
-             optimizer: str, strategy: str, budget: float, memory_limit: float | None, alpha: float, out_path: str,
+             optimizer: str, strategy: str, budget: float, max_candidates: int | None, memory_limit: float | None,
+             alpha: float, out_path: str,
              rules_path: str | None, as_json: bool) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     from .cluster import load_cluster, local_cluster
@@ -143,11 +147,14 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         raise UsageError(f"--budget must be positive, got {budget}")
     if alpha < 1:
         raise UsageError(f"--alpha must be >= 1, got {alpha}")
+    if max_candidates is not None and max_candidates < 1:
+        raise UsageError(f"--max-candidates must be >= 1, got {max_candidates}")
     progress = Progress("search", enabled=None if not as_json else False)
     try:
         result = run_search(imported.pcg, cluster, config, strategy, rules.rules, budget, alpha,
                             lambda st, best, left: progress(min(int(budget - left), int(budget)), int(budget),
-                                                            f"{st.candidates} candidates, best {best * 1e3:.3f} ms"))
+                                                            f"{st.candidates} candidates, best {best * 1e3:.3f} ms"),
+                            max_candidates)
     finally:
         progress.close()
     plan = make_plan(imported, cluster, config, result,

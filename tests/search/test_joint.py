@@ -69,3 +69,19 @@ def test_search_baselines_are_reported_beside_unity(shared_models, cluster_dir, 
         alone = optimize(pcg, cluster, CostConfig(), name, rules, budget=1.5)
         assert alone.chosen.baseline.name == name
         assert alone.chosen.report.step_time <= alone.candidates["data_parallel"].report.step_time * (1 + 1e-9)
+
+
+def test_a_candidate_cap_gives_the_same_plan_everywhere(tmp_path, shared_models, cluster_dir):
+    """bert does not finish in a few seconds; --max-candidates stops it deterministically."""
+    plans = []
+    for seed in ("3", "99"):
+        out = tmp_path / f"plan{seed}.json"
+        p = subprocess.run([UNITY, "optimize", str(shared_models / "bert_tiny.onnx"), "--cluster",
+                            str(cluster_dir / "dgx-a100-8.yaml"), "--batch-size", "16", "--strategy", "unity",
+                            "--max-candidates", "40", "--budget", "600", "--out", str(out)],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED=seed), timeout=600)
+        assert p.returncode == 0, p.stderr
+        plans.append(out.read_bytes())
+    assert plans[0] == plans[1]
+    search = json.loads(plans[0])["search"]
+    assert search["capped"] is True and search["candidates"] <= 20 + 4  # the unity share, plus its start graphs

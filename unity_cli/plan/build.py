@@ -38,7 +38,8 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     search = dict(search or {})
     if result.stats is not None:  # only what does not depend on the machine's speed
         search.update(candidates=result.stats.candidates, expanded=result.stats.expanded,
-                      rules_applied=result.stats.rules_applied, finished=not result.stats.timed_out)
+                      rules_applied=result.stats.rules_applied, finished=not result.stats.timed_out,
+                      capped=result.stats.capped)
     rewrites = tuple({"rule": a.rule_id, "name": a.rule_name, "reverse": a.reverse, "at": a.at,
                       "params": dict(a.params)} for a in result.rewrites)
     cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}

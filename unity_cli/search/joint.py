@@ -51,6 +51,7 @@ class SearchStats:
     rules_applied: int = 0         # successful rewrites (before deduplication)
     seconds: float = 0.0
     timed_out: bool = False
+    capped: bool = False           # stopped by --max-candidates
 
 
 @dataclass
@@ -59,6 +60,7 @@ class JointSearch:
     config: CostConfig
     rules: Sequence[Rule]
     budget: float = 30.0
+    max_candidates: int | None = None   # a work budget: unlike seconds, it stops the same way on every machine
     alpha: float = 1.05
     matches_per_rule: int = 4
     degrees: tuple[int, ...] = ()
@@ -92,7 +94,7 @@ class JointSearch:
             best = _better(best, f)
             heapq.heappush(heap, (_key(rep), g.unordered_hash, f))
         assert best is not None
-        while heap and time.monotonic() < deadline:
+        while heap and time.monotonic() < deadline and not self._full():
             _, _, cur = heapq.heappop(heap)
             if cur.report.step_time > self.alpha * best.report.step_time:
                 continue
@@ -110,11 +112,15 @@ class JointSearch:
                     heapq.heappush(heap, (_key(rep), h, f))
                 if self.progress:
                     self.progress(self.stats, best.report.step_time, deadline - time.monotonic())
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or self._full():
                     break
-        self.stats.timed_out = bool(heap) and time.monotonic() >= deadline
+        self.stats.timed_out = bool(heap) and time.monotonic() >= deadline and not self._full()
+        self.stats.capped = self._full()
         self.stats.seconds = time.monotonic() - t0
         return best
+
+    def _full(self) -> bool:
+        return self.max_candidates is not None and self.stats.candidates >= self.max_candidates
 
     def _neighbours(self, cur: Found, deadline: float):
         g = cur.pcg

@@ -56,31 +56,32 @@ def _starts(pcg: PCG, candidates: dict[str, Candidate]) -> list[tuple[str, PCG]]
     return [("plain", pcg)] + [(n, c.baseline.pcg) for n, c in sorted(candidates.items()) if n in STRATEGIES]
 
 
-def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates):
+def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
     """Algebraic and parallelization rules together (the joint search)."""
-    search = JointSearch(cluster, config, rules, budget=budget, alpha=alpha, progress=progress)
+    search = JointSearch(cluster, config, rules, budget=budget, alpha=alpha, progress=progress, max_candidates=cap)
     return search.run(_starts(pcg, candidates)), search.stats
 
 
-def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candidates):
+def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
     """FlexFlow-like: the same search with parallelization rules only."""
     search = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget, alpha=alpha,
-                         progress=progress)
+                         progress=progress, max_candidates=cap)
     return search.run(_starts(pcg, candidates)), search.stats
 
 
-def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates):
+def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
     """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize."""
+    half = None if cap is None else max(1, cap // 2)
     one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel], budget=budget / 2,
-                      alpha=alpha, progress=progress)
+                      alpha=alpha, progress=progress, max_candidates=half)
     rewritten = one.run([("plain", pcg)])
     base = {name: evaluate(fn(rewritten.pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
     two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget / 2, alpha=alpha,
-                      progress=progress)
+                      progress=progress, max_candidates=half)
     found = two.run(_starts(rewritten.pcg, base))
     stats = SearchStats(one.stats.candidates + two.stats.candidates, one.stats.expanded + two.stats.expanded,
                         one.stats.rules_applied + two.stats.rules_applied, one.stats.seconds + two.stats.seconds,
-                        one.stats.timed_out or two.stats.timed_out)
+                        one.stats.timed_out or two.stats.timed_out, one.stats.capped or two.stats.capped)
     return Found(found.pcg, found.views, found.report, found.start, rewritten.path + found.path), stats
 
 
@@ -93,7 +94,7 @@ def _better(a: CostReport, b: CostReport) -> bool:
 
 def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str = "best",
              rules: Sequence[Rule] = (), budget: float = 30.0, alpha: float = 1.05,
-             progress: Callable | None = None) -> SearchResult:
+             progress: Callable | None = None, max_candidates: int | None = None) -> SearchResult:
     if strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)})")
     candidates = {name: evaluate(fn(pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
@@ -104,8 +105,9 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
             else {strategy: 1.0}
         found_by = {}
         for name in runs:
+            cap = None if max_candidates is None else max(1, int(max_candidates * shares[name]))
             found, stats = _SEARCH[name](pcg, cluster, config, rules, budget * shares[name], alpha, progress,
-                                         candidates)
+                                         candidates, cap)
             devices = max((d for i, n in found.pcg for d in found.views[i].devices(n.outputs[0])), default=0) + 1
             candidates[name] = evaluate(Baseline(name, found.pcg, devices, f"search from {found.start}"),
                                         cluster, config)
