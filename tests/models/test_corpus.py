@@ -1,32 +1,17 @@
 """Self-check of the ONNX test corpus: the zoo9 builders and the exported files."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-
-try:
-    from models.catalog import (
-        EXPORTED_DIR,
-        EXPORTED_MODELS,
-        SHARED_MODELS,
-        SHARED_MODELS_DIR,
-        ZOO9_NAMES,
-        random_feed,
-        zoo9_model,
-    )
-except ImportError:  # run without the tests/ conftest that puts tests/ on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from models.catalog import (
-        EXPORTED_DIR,
-        EXPORTED_MODELS,
-        SHARED_MODELS,
-        SHARED_MODELS_DIR,
-        ZOO9_NAMES,
-        random_feed,
-        zoo9_model,
-    )
+from models.catalog import (
+    EXPORTED_DIR,
+    EXPORTED_MODELS,
+    SHARED_MODELS,
+    SHARED_MODELS_DIR,
+    ZOO9_NAMES,
+    random_feed,
+    zoo9_model,
+)
 from models.zoo9 import check
 
 ort = pytest.importorskip("onnxruntime")

@@ -92,5 +92,5 @@ def test_rule_file_round_trip_and_tamper_detection(tmp_path):
     path.write_text("{not json")
     with pytest.raises(RuleError, match="not a JSON rule file"):
         load_rules(path)
-    with pytest.raises(RuleError, match="no such rule file"):
+    with pytest.raises(RuleError, match="no such file"):
         load_rules(tmp_path / "missing.json")

@@ -20,6 +20,7 @@ from ..ir import PCG, DType, GraphBuilder, TensorRef
 from ..ir.opspec import attrs_from_json, attrs_to_json
 from ..ir.shapes import ParallelDim, ParallelTensorShape
 from ..ir.validate import problems
+from ..jsonfile import read_json
 
 FORMAT = "unity-plan/1"
 
@@ -88,12 +89,7 @@ def shape_from_json(d: Mapping[str, Any]) -> ParallelTensorShape:
 def load_plan(path: str | os.PathLike) -> Plan:
     """Read and check a plan; every problem is a PlanError naming the file and field."""
     p = Path(path)
-    if not p.exists():
-        raise PlanError(f"{p}: no such file")
-    try:
-        data = json.loads(p.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlanError(f"{p}: not a JSON plan ({e})") from None
+    data = read_json(p, PlanError, "plan")
     try:
         return plan_from_json(data)
     except PlanError as e:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnityError
+from ..jsonfile import read_json
 
 
 class RuleError(UnityError):
@@ -279,12 +280,7 @@ class RuleSet:
 def load_rules(path: str | os.PathLike) -> RuleSet:
     """Read a rule file; a malformed or hand-edited file is a RuleError naming the rule."""
     p = Path(path)
-    if not p.exists():
-        raise RuleError(f"{p}: no such rule file")
-    try:
-        doc = json.loads(p.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RuleError(f"{p}: not a JSON rule file ({e})") from None
+    doc = read_json(p, RuleError, "rule file")
     if isinstance(doc, list):  # a bare list of rules
         doc = {"format": RULES_FORMAT, "rules": doc}
     if not isinstance(doc, Mapping) or doc.get("format") != RULES_FORMAT:
