@@ -16,6 +16,7 @@ the chosen mapping is then costed by the step simulation (``cost.model.estimate`
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import sys
@@ -26,6 +27,7 @@ from ..cluster.machine_view import MachineView, packed_view
 from ..cluster.spec import ClusterSpec
 from ..cost.comm import Collective, collective_time
 from ..cost.model import CostConfig, CostContext, node_cost
+from ..ir.opspec import attrs_key
 from ..ir.pcg import PCG
 from .sp import SP, Leaf, Parallel, Series, decompose
 from .views import default_views
@@ -187,11 +189,45 @@ class Mapper:
             self._relevant[k] = frozenset(nodes | {p for i in nodes for p in self.preds[i]})
         return self._relevant[k]
 
+    def signature(self, t: SP) -> tuple[str, tuple[int, ...]]:
+        """A structural key of a subproblem and the order of the nodes it depends on.
+
+        Two subtrees with the same key (say, two identical transformer layers) have the
+        same optimum for the same devices and the same views of what they read, so the DP
+        solves them once: "repeated segments are solved once".
+        """
+        k = ("sig", id(t))
+        if k in self._relevant:
+            return self._relevant[k]
+        inside = sorted(t.nodes)
+        outside = sorted(self.relevant(t) - t.nodes)
+        order = tuple(inside + outside)
+        local = {n: j for j, n in enumerate(order)}
+        parts = []
+        for n in order:
+            node = self.pcg.nodes[n]
+            ins = [(local[r.node], r.index) if r.node in local else f"source {self.pcg.shape(r)}"
+                   for r in node.inputs] if n in t.nodes else []
+            layout = self.ctx.layout[n]
+            trainable = layout is not None and getattr(self.pcg.nodes[layout].op, "trainable", False)
+            parts.append(f"{attrs_key(node.op)}|{'/'.join(map(str, node.outputs))}|{ins}|{layout is None}|{trainable}")
+        parts.append(_tree_shape(t, local))
+        sig = (hashlib.sha256("\n".join(parts).encode()).hexdigest(), order)
+        self._relevant[k] = sig
+        return sig
+
     def solve(self, t: SP, res: Resources, fixed: Mapping[int, MachineView]) -> tuple[float, dict[int, MachineView]]:
-        rel = self.relevant(t)
-        key = (id(t), res, tuple(sorted((k, v) for k, v in fixed.items() if k in rel)))
+        sig, order = self.signature(t)
+        key = (sig, res, tuple(fixed.get(n) for n in order))
         if key in self._memo:
-            return self._memo[key]
+            cost, local = self._memo[key]
+            return cost, {order[j]: v for j, v in local.items()}
+        best = self._solve(t, res, fixed)
+        where = {n: j for j, n in enumerate(order)}
+        self._memo[key] = (best[0], {where[n]: v for n, v in best[1].items()})
+        return best
+
+    def _solve(self, t: SP, res: Resources, fixed: Mapping[int, MachineView]) -> tuple[float, dict[int, MachineView]]:
         self.states += 1
         if self.states > self.state_limit:
             raise MappingBudgetExceeded(f"more than {self.state_limit} DP states")
@@ -202,7 +238,6 @@ class Mapper:
                 best = self._series(a, b, res, fixed)
             case Parallel(left=a, right=b):
                 best = self._parallel(a, b, res, fixed)
-        self._memo[key] = best
         return best
 
     def _leaf_solve(self, i: int, res: Resources, fixed: Mapping[int, MachineView]):
@@ -256,6 +291,17 @@ class Mapper:
         cost, mapping = self.solve(self.tree, Resources(0, self.cluster.num_devices), {})
         views = tuple(mapping.get(i, self.defaults[i]) for i in range(len(self.pcg)))
         return cost, views
+
+
+def _tree_shape(t: SP, local: Mapping[int, int]) -> str:
+    match t:
+        case Leaf(node=i):
+            return str(local[i])
+        case Series(first=a, then=b):
+            return f"S({_tree_shape(a, local)},{_tree_shape(b, local)})"
+        case Parallel(left=a, right=b):
+            return f"P({_tree_shape(a, local)},{_tree_shape(b, local)})"
+    raise AssertionError(t)
 
 
 def dp_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig()
