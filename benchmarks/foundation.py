@@ -27,18 +27,21 @@ from unity_cli.onnx_import import ImportOptions, import_model  # noqa: E402
 from unity_cli.search.optimize import optimize  # noqa: E402
 
 
-def models(tmp: Path) -> list[tuple[str, Path, int]]:
-    out = []
-    for name in ("bert_tiny.onnx", "bert_tiny_dynamo.onnx", "convnet_tiny.onnx", "convnet_tiny_dynamo.onnx"):
-        if (SHARED_MODELS_DIR / name).exists():
-            out.append((f"shared/{name}", SHARED_MODELS_DIR / name, 4))
-    for p in sorted(EXPORTED_DIR.glob("*.onnx")):
-        out.append((f"exported/{p.name}", p, 2))
-    for name in ZOO9_NAMES:
-        p = tmp / f"{name}.onnx"
-        onnx.save(zoo9_model(name), p)
-        out.append((f"zoo9/{name}", p, 64))
-    return out
+def models(tmp: Path, shared: int | None = 4, exported: int | None = 2, zoo: int | None = 64
+           ) -> list[tuple[str, Path, int | None]]:
+    """(label, file, batch) for the corpus; a group whose batch is None is left out, and a
+    dynamo export (static shapes) gets batch None: it keeps the batch it was exported with."""
+    out: list[tuple[str, Path, int | None]] = []
+    if shared is not None:
+        out += [(f"shared/{p.name}", p, shared) for p in sorted(SHARED_MODELS_DIR.glob("*.onnx"))]
+    if exported is not None:
+        out += [(f"exported/{p.name}", p, exported) for p in sorted(EXPORTED_DIR.glob("*.onnx"))]
+    if zoo is not None:
+        for name in ZOO9_NAMES:
+            p = tmp / f"{name}.onnx"
+            onnx.save(zoo9_model(name), p)
+            out.append((f"zoo9/{name}", p, zoo))
+    return [(label, p, None if "_dynamo" in p.name else b) for label, p, b in out]
 
 
 def main() -> None:
@@ -51,8 +54,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for label, path, batch in models(Path(d)):
-            static = "_dynamo" in path.name
-            opts = ImportOptions(None if static else batch)
+            opts = ImportOptions(batch)
             t_import, t_plan = [], []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()

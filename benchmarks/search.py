@@ -14,12 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import onnx
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-from models.catalog import EXPORTED_DIR, SHARED_MODELS_DIR, ZOO9_NAMES, zoo9_model  # noqa: E402
+from foundation import models  # noqa: E402
 
 from unity_cli.cluster import load_cluster  # noqa: E402
 from unity_cli.cost.model import CostConfig  # noqa: E402
@@ -31,19 +30,6 @@ from unity_cli.substitutions.cache import load_cache  # noqa: E402
 def cluster_for(devices: int):
     name = "summit-192" if devices > 32 else "dgx-a100-32"
     return load_cluster(REPO / "cluster_specs" / f"{name}.yaml").first(devices)
-
-
-def models(which: str, tmp: Path) -> list[tuple[str, Path, int | None]]:
-    out = [(f"shared/{p.name}", p, None if "_dynamo" in p.name else 64)
-           for p in sorted(SHARED_MODELS_DIR.glob("*.onnx"))]
-    if which == "all":
-        out += [(f"exported/{p.name}", p, None if "_dynamo" in p.name else 64)
-                for p in sorted(EXPORTED_DIR.glob("*.onnx"))]
-        for name in ZOO9_NAMES:
-            p = tmp / f"{name}.onnx"
-            onnx.save(zoo9_model(name), p)
-            out.append((f"zoo9/{name}", p, 192))
-    return out
 
 
 def main() -> None:
@@ -58,7 +44,8 @@ def main() -> None:
     print("| model | devices | DP (ms) | TP (ms) | unity (ms) | speedup over DP | search s | candidates |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as d:
-        for label, path, batch in models(args.models, Path(d)):
+        groups = dict(shared=64, exported=64, zoo=192) if args.models == "all" else dict(exported=None, zoo=None)
+        for label, path, batch in models(Path(d), **({"shared": 64} | groups)):
             for n in (int(x) for x in args.devices.split(",")):
                 cluster = cluster_for(n)
                 pcg = import_model(path, ImportOptions(batch)).pcg

@@ -57,8 +57,8 @@ def test_every_rule_applies_to_shared_models_without_an_invalid_pcg(cache, share
         for r in (rule, rule.reversed()):
             for m in find_matches(pcg, r, limit=2):
                 params = {p: 2 for p in free_params(r)}
-                try:
-                    new = apply_match(pcg, m, params)
+                try:  # the search's path: no whole-graph validation inside apply_match
+                    new = apply_match(pcg, m, params, check=False)
                 except RewriteError:
                     refused += 1
                     continue

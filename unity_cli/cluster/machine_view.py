@@ -70,6 +70,11 @@ def packed_view(shape: ParallelTensorShape, inner_to_outer: Sequence[int], start
     return MachineView(start, tuple(strides))
 
 
+def devices_used(pcg, views) -> int:
+    """How many devices (counting up from device 0) a mapped PCG reaches."""
+    return max((d for i, n in pcg for d in views[i].devices(n.outputs[0])), default=0) + 1
+
+
 def check_view(view: MachineView, shape: ParallelTensorShape, num_devices: int) -> str | None:
     """Why a view cannot hold a tensor's pieces on a cluster, or None if it can."""
     devs = view.devices(shape)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..cluster.machine_view import MachineView, parallel_axes
+from ..cluster.machine_view import MachineView
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import Dimension, format_quantity
 from ..ir.dtypes import DType
@@ -25,7 +25,7 @@ from ..ir.ops.parallel import (
     reduces_copies,
 )
 from ..ir.ops.shape_ops import ReshapeAttrs
-from ..ir.ops.sources import InputAttrs, WeightAttrs
+from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG
 from .comm import Collective, groups_time
 from .compute import piece_shapes, roofline
@@ -342,10 +342,3 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
                 t[d] += nbytes / cluster.device_type(d).memory_bandwidth
     return t
 
-
-def axes_of(pcg: PCG, i: int) -> tuple[int, ...]:
-    return parallel_axes(pcg.nodes[i].outputs[0])
-
-
-__all__ = ["CostConfig", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate", "layout_sources",
-           "InputAttrs"]

@@ -18,11 +18,10 @@ import onnx
 import onnxruntime as ort
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import ModelError, ShapeError, UnityError, UnsupportedOpError
+from ..errors import ModelError, UnityError, UnsupportedOpError
 from ..ir import PCG, DType, GraphBuilder, TensorRef, TensorShape
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import spec_for_onnx
-from ..ir.shapes import ParallelTensorShape
 from .load import file_sha256, load_onnx, tensor_value
 from .node import OnnxInput, OnnxNode
 
@@ -388,9 +387,3 @@ def _topological(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
                 order.append(graph.node[i])
     return order
 
-
-def parallel_shape(shape: TensorShape) -> ParallelTensorShape:
-    return ParallelTensorShape.unpartitioned(shape)
-
-
-__all__ = ["ImportOptions", "ImportedModel", "import_model", "ShapeError"]

@@ -36,8 +36,6 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{p}: not a valid ONNX file (no graph in it)")
     if not model.opset_import:
         raise ModelError(f"{p}: the model declares no opset")
-    if any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
-        pass  # handled per node by the importer, which names the node
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)

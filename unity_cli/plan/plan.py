@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cluster.machine_view import MachineView, check_view
+from ..cluster.machine_view import MachineView, check_view, devices_used
 from ..cluster.spec import ClusterSpec
 from ..errors import PlanError, ShapeError, UnityError
 from ..ir import PCG, DType, GraphBuilder, TensorRef
@@ -73,7 +73,7 @@ class Plan:
 
     @property
     def devices(self) -> int:
-        return max((d for i, n in self.pcg for d in self.views[i].devices(n.outputs[0])), default=0) + 1
+        return devices_used(self.pcg, self.views)
 
 
 def shape_to_json(s: ParallelTensorShape) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..cluster.machine_view import MachineView
+from ..cluster.machine_view import MachineView, devices_used
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate
 from ..errors import InfeasibleError, UsageError
@@ -108,8 +108,8 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
             cap = None if max_candidates is None else max(1, int(max_candidates * shares[name]))
             found, stats = _SEARCH[name](pcg, cluster, config, rules, budget * shares[name], alpha, progress,
                                          candidates, cap)
-            devices = max((d for i, n in found.pcg for d in found.views[i].devices(n.outputs[0])), default=0) + 1
-            candidates[name] = evaluate(Baseline(name, found.pcg, devices, f"search from {found.start}"),
+            candidates[name] = evaluate(Baseline(name, found.pcg, devices_used(found.pcg, found.views),
+                                                 f"search from {found.start}"),
                                         cluster, config)
             found_by[name] = (found, stats)
         chosen = candidates[strategy]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -292,8 +292,3 @@ def load_rules(path: str | os.PathLike) -> RuleSet:
     if "content_hash" in doc and doc["content_hash"] != rs.content_hash():
         raise RuleError(f"{p}: content_hash does not match the rules in it (the file was edited or truncated)")
     return rs
-
-
-def rule_inputs_used(rule: Rule) -> Sequence[str]:
-    used = {t for n in rule.src.nodes for t in n.inputs}
-    return [t for t in rule.inputs if t in used]
