@@ -101,9 +101,11 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam", show_default=True,
               help="Optimizer whose state is counted in memory.")
 @click.option("--strategy", default="best", show_default=True,
-              help="best | data_parallel | tensor_parallel | unity (the joint substitution search)")
+              help="best (the joint search, keeping the fastest plan found) | unity | parallel_only | "
+                   "algebraic_then_parallel | data_parallel | tensor_parallel")
 @click.option("--budget", type=float, default=30.0, show_default=True,
-              help="Seconds the joint search (--strategy unity) may take; the best plan so far is kept.")
+              help="Seconds the search (best, unity and the search baselines) may take; the best plan "
+                   "so far is kept.")
 @click.option("--max-candidates", type=int,
               help="Stop the joint search after this many candidates (a budget that, unlike seconds, "
                    "gives the same plan on every machine).")
@@ -236,6 +238,46 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
         click.echo(json.dumps(doc, sort_keys=True))
         return
     click.echo(summary(plan, None, [why] if why else [], baseline, operators))
+
+
+@cli.command()
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--steps", type=int, default=10, show_default=True, help="Training steps.")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False),
+              help=".npz with one array per graph input (by name) and 'labels' (default: synthetic, seeded).")
+@click.option("--loss", type=click.Choice(["auto", "mse", "cross_entropy"]), default="auto", show_default=True,
+              help="auto: cross entropy for integer labels or logits-like outputs, else mse.")
+@click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]),
+              help="Default: the optimizer the plan was made for.")
+@click.option("--lr", type=float, help="Learning rate (default: 0.01 for sgd and momentum, 0.001 for adam).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic data (and of "
+              "weights the model has no data for).")
+@click.option("--model", "model_path", type=click.Path(dir_okay=False),
+              help="The ONNX model (default: the path the plan names, relative to this directory).")
+@click.option("--check", is_flag=True, help="Also train the original model on one process and fail if any "
+              "step's loss or weight differs beyond tolerance.")
+@click.option("--save", "save_path", type=click.Path(dir_okay=False),
+              help="Write the model with the trained weights (rank 0).")
+@click.option("--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True,
+              help="Arrays and collectives: numpy + MPI, or cupy + NCCL on GPUs (auto: cupy if it sees a GPU).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (rank 0) instead of the summary.")
+@handles_errors
+def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer: str | None, lr: float | None,
+        seed: int, model_path: str | None, check: bool, save_path: str | None, backend: str, as_json: bool) -> None:
+    """Train with PLAN on the ranks of an MPI job: mpiexec -n P unity run plan.json."""
+    from .errors import RunError
+    from .runtime.train import RunOptions, run_plan
+
+    debug = click.get_current_context().find_root().params.get("debug", False) or \
+        click.get_current_context().params.get("debug", False)
+    outcome = run_plan(RunOptions(plan_path, steps, data_path, loss, optimizer, lr, seed, model_path, check,
+                                  save_path, backend, bool(debug)))
+    if outcome.report is not None:
+        click.echo(json.dumps(outcome.report.to_json(), sort_keys=True) if as_json else outcome.report.summary())
+    if outcome.error:
+        if outcome.root:
+            raise RunError(outcome.error)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

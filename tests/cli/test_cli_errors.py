@@ -240,15 +240,19 @@ def test_help_lists_optimize():
 def test_optimize_bert_tiny_subprocess(shared_models, tmp_path):
     model = shared_models / "bert_tiny.onnx"
     out = tmp_path / "plan.json"
-    r = _run(["optimize", str(model), "--cluster", "cluster_specs/dgx-a100-8.yaml", "--out", str(out)], cwd=REPO)
+    r = _run(["optimize", str(model), "--cluster", "cluster_specs/dgx-a100-8.yaml", "--out", str(out),
+              "--budget", "4"], cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
-    assert "data_parallel" in r.stdout and "tensor_parallel" in r.stdout
+    for name in ("data_parallel", "tensor_parallel", "parallel_only", "algebraic_then_parallel", "unity"):
+        assert name in r.stdout
     chosen = [line for line in r.stdout.splitlines() if line.startswith("chosen")]
     assert len(chosen) == 1
     plan = load_plan(out)
     assert plan.strategy in chosen[0]
-    assert plan.strategy in ("data_parallel", "tensor_parallel")
+    assert plan.strategy in ("unity", "parallel_only", "algebraic_then_parallel", "data_parallel",
+                             "tensor_parallel")  # the default (best) is the fastest of all
+    assert plan.predicted["step_time_ms"] <= min(b["step_time_ms"] for b in plan.baselines.values())
     assert "--batch-size" in r.stdout  # the symbolic batch was defaulted, and the summary says so
     assert str(out) in r.stdout
 
@@ -256,7 +260,8 @@ def test_optimize_bert_tiny_subprocess(shared_models, tmp_path):
 def test_optimize_json(shared_models, tmp_path):
     out = tmp_path / "plan.json"
     r = _invoke(["optimize", str(shared_models / "bert_tiny.onnx"), "--cluster", str(DGX8), "--batch-size", "4",
-                 "--out", str(out), "--json"])
+                 "--out", str(out), "--json",
+                 "--budget", "2"])
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert len(lines) == 1
@@ -267,7 +272,8 @@ def test_optimize_json(shared_models, tmp_path):
     for key in ("step_time_ms", "compute_ms", "comm_ms", "memory_bytes"):
         assert key in predicted
     assert len(predicted["memory_bytes"]) == 8
-    assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel"}
+    assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel", "parallel_only", "algebraic_then_parallel",
+                                     "unity"}
     for b in doc["baselines"].values():
         assert b["step_time_ms"] > 0
     assert predicted["step_time_ms"] == doc["baselines"][doc["strategy"]]["step_time_ms"]

@@ -41,7 +41,7 @@ def mlp_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bert_plan(shared_models) -> Plan:
-    return _make(shared_models / "bert_tiny.onnx", "dgx-a100-8", 4)
+    return _make(shared_models / "bert_tiny.onnx", "dgx-a100-8", 4, "data_parallel")
 
 
 @pytest.fixture()

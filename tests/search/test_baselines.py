@@ -186,8 +186,8 @@ def test_tensor_parallel_across_nodes_is_data_parallel_between_them(mlp_path, cl
 def test_best_is_the_fastest_feasible(shared_models, clusters, filename, cluster_name):
     cluster = clusters[cluster_name]
     imported = import_model(shared_models / filename, ImportOptions(4))
-    result = optimize(imported.pcg, cluster, CostConfig(), "best")
-    assert set(result.candidates) == set(STRATEGIES)
+    result = optimize(imported.pcg, cluster, CostConfig(), "best")  # no rules: the search only compares its starts
+    assert set(result.candidates) == set(CHOICES) - {"best"}
     feasible = [c for c in result.candidates.values() if c.report.feasible]
     assert result.chosen.report.step_time == min(c.report.step_time for c in feasible)
     for name in STRATEGIES:
@@ -233,7 +233,8 @@ def test_best_skips_the_infeasible(shared_models, tmp_path):
     assert dp.step_time < tp.step_time
     assert max(tp.memory) < 2 * 2**20 < max(dp.memory)
     tight = optimize(imported.pcg, _small_cluster(tmp_path, "2 MiB"), CostConfig())
-    assert tight.chosen.baseline.name == "tensor_parallel"
+    assert tight.chosen.report.feasible and max(tight.chosen.report.memory) <= 2 * 2**20
+    assert tight.candidates["tensor_parallel"].report.feasible
     assert not tight.candidates["data_parallel"].report.feasible
 
 
@@ -245,7 +246,7 @@ def test_memory_limit_is_a_hard_constraint(tmp_path):
     model = Path(__file__).resolve().parents[2] / "examples" / "bert_tiny.onnx"
     out = tmp_path / "plan.json"
     args = ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-8.yaml"), "--batch-size", "64",
-            "--out", str(out)]
+            "--out", str(out), "--max-candidates", "40"]
     ok = CliRunner().invoke(cli, args + ["--memory-limit", "0.5"])
     assert ok.exit_code == 0, ok.output
     plan = json.loads(out.read_text())
@@ -253,4 +254,4 @@ def test_memory_limit_is_a_hard_constraint(tmp_path):
     assert max(plan["predicted"]["memory_bytes"]) <= 500_000_000
     bad = CliRunner().invoke(cli, args + ["--memory-limit", "0.001"])
     assert bad.exit_code == 1
-    assert "no strategy fits" in bad.output and "needs" in bad.output and "--memory-limit" in bad.output
+    assert "no plan fits" in bad.output and "needs" in bad.output and "--memory-limit" in bad.output

@@ -8,6 +8,7 @@ intra-node link; a larger stride spreads it over nodes.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,11 +29,7 @@ class MachineView:
 
     def devices(self, shape: ParallelTensorShape) -> tuple[int, ...]:
         """The device of each piece, pieces in row-major order over the parallel axes."""
-        axes = parallel_axes(shape)
-        if len(axes) != len(self.strides):
-            raise ShapeError(f"view has {len(self.strides)} strides for {len(axes)} parallel axes")
-        return tuple(self.start + sum(i * s for i, s in zip(idx, self.strides))
-                     for idx in itertools.product(*(range(a) for a in axes)))
+        return _devices(self, parallel_axes(shape))
 
     def groups(self, shape: ParallelTensorShape, axis: int, size: int) -> list[tuple[int, ...]]:
         """The device groups that talk when ``size`` consecutive pieces along ``axis`` merge."""
@@ -53,6 +50,14 @@ class MachineView:
     @staticmethod
     def from_json(data: dict) -> MachineView:
         return MachineView(int(data["start"]), tuple(int(s) for s in data["strides"]))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _devices(view: MachineView, axes: tuple[int, ...]) -> tuple[int, ...]:
+    if len(axes) != len(view.strides):
+        raise ShapeError(f"view has {len(view.strides)} strides for {len(axes)} parallel axes")
+    return tuple(view.start + sum(i * s for i, s in zip(idx, view.strides))
+                 for idx in itertools.product(*(range(a) for a in axes)))
 
 
 def packed_view(shape: ParallelTensorShape, inner_to_outer: Sequence[int], start: int = 0) -> MachineView:

@@ -8,6 +8,7 @@ the rest of the backward pass where it can.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,6 +27,7 @@ from ..ir.ops.parallel import (
 )
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
+from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from .comm import Collective, groups_time
 from .compute import piece_shapes, roofline
@@ -201,13 +203,19 @@ def node_cost(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Seque
     if n.spec.is_parallel_op:
         f, b = _comm(pcg, i, views, cluster, config.dtype, ctx.fused)
         return NodeCost(i, 0, 0, f, b, 0)
-    ins = piece_shapes([pcg.shape(r) for r in n.inputs], config.dtype)
-    outs = piece_shapes(n.outputs, config.dtype)
-    work = n.spec.cost(n.op, ins, outs)
     devices = views[i].devices(n.outputs[0])
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
-    t = roofline(work, device, config.dtype)
-    return NodeCost(i, t.fwd, t.bwd, 0, 0, 0)
+    fwd, bwd = _compute_time(n.op, tuple(pcg.shape(r) for r in n.inputs), n.outputs, device, config.dtype)
+    return NodeCost(i, fwd, bwd, 0, 0, 0)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType) -> tuple[float, float]:
+    """Forward and backward time of one piece (cached: candidates share most of their nodes)."""
+    ins = piece_shapes(inputs, dtype)
+    outs = piece_shapes(outputs, dtype)
+    t = roofline(spec_of(op).cost(op, ins, outs), device, dtype)
+    return t.fwd, t.bwd
 
 
 def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,

@@ -22,6 +22,7 @@ product that is linear in each of its inputs separately (``Add`` is ``((0,), (1,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import typing
@@ -165,7 +166,9 @@ def attrs_from_json(data: Mapping[str, Any]) -> Any:
     return spec.attrs_type(**kwargs)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def attrs_key(attrs: Any) -> str:
+    """The canonical JSON text of attrs (cached: the search hashes every node of every candidate)."""
     return json.dumps(attrs_to_json(attrs), sort_keys=True, separators=(",", ":"))
 
 

@@ -85,6 +85,14 @@ class PCG:
         return tuple(tuple(u) for u in users)
 
     @cached_property
+    def by_kind(self) -> dict[str, tuple[int, ...]]:
+        """Node ids of each op kind, in topological order (what the matcher scans)."""
+        out: dict[str, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            out.setdefault(n.kind, []).append(i)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @cached_property
     def node_hashes(self) -> tuple[str, ...]:
         """A structural hash per node: its op, shapes and (recursively) its inputs.
 

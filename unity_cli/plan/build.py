@@ -39,7 +39,9 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     if result.stats is not None:  # only what does not depend on the machine's speed
         search.update(candidates=result.stats.candidates, expanded=result.stats.expanded,
                       rules_applied=result.stats.rules_applied, finished=not result.stats.timed_out,
-                      capped=result.stats.capped)
+                      converged=result.stats.converged,
+                      capped=result.stats.capped, segments=result.stats.segments,
+                      segment_problems=result.stats.segment_problems)
     rewrites = tuple({"rule": a.rule_id, "name": a.rule_name, "reverse": a.reverse, "at": a.at,
                       "params": dict(a.params)} for a in result.rewrites)
     cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}

@@ -48,19 +48,19 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
 
 
 def data_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
-    batch = _batch(pcg)
+    batch = batch_size(pcg)
     dp = largest_divisor_at_most(batch, cluster.num_devices)
 
     def candidates(node: Node, shapes: Sequence[ParallelTensorShape], weights: Sequence[bool]) -> list[Candidate]:
         return [(_follow(node, shapes, weights), 1)]
 
-    g = _propagate(pcg, dp, dp, candidates)
+    g = propagate(pcg, dp, dp, candidates)
     return Baseline("data_parallel", g, dp, f"batch {batch} split over {dp} devices, weights replicated")
 
 
 def tensor_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
     per_node = min(n.devices for n in cluster.nodes)
-    batch = _batch(pcg)
+    batch = batch_size(pcg)
     dp = largest_divisor_at_most(batch, len(cluster.nodes))
     tp = per_node
     total = dp * tp
@@ -74,7 +74,7 @@ def tensor_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
         out.append((follow, 1))
         return out
 
-    g = _propagate(pcg, total, dp, candidates)
+    g = propagate(pcg, total, dp, candidates)
     return Baseline("tensor_parallel", g, total,
                     f"tensor parallel {tp} ways within each node, data parallel {dp} ways across nodes")
 
@@ -88,7 +88,7 @@ STRATEGIES: dict[str, Callable[[PCG, ClusterSpec], Baseline]] = {
 # ---------------------------------------------------------------------------
 
 
-def _batch(pcg: PCG) -> int:
+def batch_size(pcg: PCG) -> int:
     dims = [n.op.shape.dims[0] for _, n in pcg if isinstance(n.op, InputAttrs) and n.op.shape.rank]
     return min(dims) if dims else 1
 
@@ -142,7 +142,7 @@ def _weighted_split(node: Node, shapes: Sequence[ParallelTensorShape], weights: 
     return []
 
 
-def _propagate(pcg: PCG, pieces: int, batch_split: int,
+def propagate(pcg: PCG, pieces: int, batch_split: int,
                candidates: Callable[[Node, Sequence[ParallelTensorShape], Sequence[bool]], list[Candidate]]) -> PCG:
     b = GraphBuilder()
     remap: dict[TensorRef, TensorRef] = {}
@@ -157,9 +157,9 @@ def _propagate(pcg: PCG, pieces: int, batch_split: int,
 
     for i, n in pcg:
         if n.spec.is_source:
-            ref = b.add(n.op, (), n.name)[0]
+            ref = b.add(n.op, (), n.name, outputs=n.outputs)[0]  # a segment's boundary input comes laid out
             if isinstance(n.op, InputAttrs) and n.op.shape.rank and batch_split > 1 and \
-                    n.op.shape.dims[0] % batch_split == 0:
+                    n.outputs[0].pieces == 1 and n.op.shape.dims[0] % batch_split == 0:
                 ref = b.add1(RepartitionAttrs(0, batch_split), [ref])
             remap[TensorRef(i, 0)] = ref
             continue

@@ -52,6 +52,17 @@ class SearchStats:
     seconds: float = 0.0
     timed_out: bool = False
     capped: bool = False           # stopped by --max-candidates
+    converged: bool = False        # stopped after `patience` candidates without improvement
+    segments: int = 0              # segments the graph was split into (0: searched whole)
+    segment_problems: int = 0      # distinct stand-alone segment problems solved
+
+    def __add__(self, other: SearchStats) -> SearchStats:
+        """Two searches run one after the other, as one."""
+        return SearchStats(self.candidates + other.candidates, self.expanded + other.expanded,
+                           self.rules_applied + other.rules_applied, self.seconds + other.seconds,
+                           self.timed_out or other.timed_out, self.capped or other.capped,
+                           self.converged and other.converged, max(self.segments, other.segments),
+                           max(self.segment_problems, other.segment_problems))
 
 
 @dataclass
@@ -62,6 +73,7 @@ class JointSearch:
     budget: float = 30.0
     max_candidates: int | None = None   # a work budget: unlike seconds, it stops the same way on every machine
     alpha: float = 1.05
+    patience: int | None = 150          # stop after this many candidates without improvement (converged)
     matches_per_rule: int = 4
     degrees: tuple[int, ...] = ()
     progress: Callable[[SearchStats, float, float], None] | None = None
@@ -77,24 +89,26 @@ class JointSearch:
         views = default_views(pcg)
         return views, estimate(pcg, views, self.cluster, self.config)
 
-    def run(self, starts: Sequence[tuple[str, PCG]]) -> Found:
+    def run(self, starts: Sequence[tuple[str, PCG] | tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
+        """The best graph found from ``starts`` (name, graph[, rewrites that made it])."""
         t0 = time.monotonic()
         deadline = t0 + self.budget
         seen: set[str] = set()
         heap: list = []
         best: Found | None = None
-        for name, g in starts:
+        for name, g, *path in starts:
             g = simplify(g)
             if g.unordered_hash in seen:
                 continue
             seen.add(g.unordered_hash)
             views, rep = self.cost(g)
-            f = Found(g, views, rep, name)
+            f = Found(g, views, rep, name, path[0] if path else ())
             self.stats.candidates += 1
             best = _better(best, f)
             heapq.heappush(heap, (_key(rep), g.unordered_hash, f))
         assert best is not None
-        while heap and time.monotonic() < deadline and not self._full():
+        self._improved_at = self.stats.candidates
+        while heap and time.monotonic() < deadline and not self._full() and not self._stale():
             _, _, cur = heapq.heappop(heap)
             if cur.report.step_time > self.alpha * best.report.step_time:
                 continue
@@ -107,17 +121,24 @@ class JointSearch:
                 views, rep = self.cost(new.pcg)
                 self.stats.candidates += 1
                 f = Found(new.pcg, views, rep, cur.start, new.path)
+                if _better(best, f) is f and _faster(rep, best.report):
+                    self._improved_at = self.stats.candidates
                 best = _better(best, f)
                 if rep.feasible and rep.step_time <= self.alpha * best.report.step_time:
                     heapq.heappush(heap, (_key(rep), h, f))
                 if self.progress:
                     self.progress(self.stats, best.report.step_time, deadline - time.monotonic())
-                if time.monotonic() >= deadline or self._full():
+                if time.monotonic() >= deadline or self._full() or self._stale():
                     break
-        self.stats.timed_out = bool(heap) and time.monotonic() >= deadline and not self._full()
         self.stats.capped = self._full()
+        self.stats.converged = not self.stats.capped and self._stale()
+        self.stats.timed_out = bool(heap) and time.monotonic() >= deadline and not self.stats.capped \
+            and not self.stats.converged
         self.stats.seconds = time.monotonic() - t0
         return best
+
+    def _stale(self) -> bool:
+        return self.patience is not None and self.stats.candidates - self._improved_at >= self.patience
 
     def _full(self) -> bool:
         return self.max_candidates is not None and self.stats.candidates >= self.max_candidates
@@ -146,6 +167,13 @@ class JointSearch:
 
 def _key(rep: CostReport) -> tuple:
     return (not rep.feasible, rep.step_time)
+
+
+def _faster(a: CostReport, b: CostReport) -> bool:
+    """Strictly faster (or feasible where ``b`` is not), beyond float noise."""
+    if a.feasible != b.feasible:
+        return a.feasible
+    return a.step_time < b.step_time * (1 - 1e-9)
 
 
 def _better(a: Found | None, b: Found) -> Found:

@@ -1,10 +1,12 @@
 """Choosing a strategy: build each baseline, cost it, keep the fastest that fits in memory.
 
-``--strategy unity`` adds the joint substitution search (``joint.py``), started from the
-plain graph and every baseline, as one more candidate.
+``best`` (the default) and ``unity`` run the joint substitution search (``joint.py``,
+``segments.py``) started from the plain graph and every baseline, beside the two search
+baselines; ``best`` then keeps the fastest plan of all, ``unity`` the joint search's.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,9 +17,10 @@ from ..errors import InfeasibleError, UsageError
 from ..ir.pcg import PCG
 from ..ir.validate import validate
 from ..substitutions.rule import Rule
-from .baselines import STRATEGIES, Baseline
+from .baselines import STRATEGIES, Baseline, batch_size
 from .joint import Found, JointSearch, SearchStats
 from .mapping import dp_map
+from .segments import search_segments
 from .views import default_views
 
 SEARCHES = ("unity", "parallel_only", "algebraic_then_parallel")
@@ -57,9 +60,21 @@ def _starts(pcg: PCG, candidates: dict[str, Candidate]) -> list[tuple[str, PCG]]
 
 
 def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
-    """Algebraic and parallelization rules together (the joint search)."""
-    search = JointSearch(cluster, config, rules, budget=budget, alpha=alpha, progress=progress, max_candidates=cap)
-    return search.run(_starts(pcg, candidates)), search.stats
+    """Algebraic and parallelization rules together (the joint search). A large graph is
+    first solved segment by segment (half the budget); the stitched result is one more start."""
+    t0 = time.monotonic()
+    half = None if cap is None else max(1, cap // 2)
+    seg, seg_stats = search_segments(pcg, cluster, config, rules, budget / 2, alpha, batch_size(pcg),
+                                     max_candidates=half, progress=progress)
+    starts = _starts(pcg, candidates) + ([("segments", seg.pcg, seg.path)] if seg is not None else [])
+    spent = seg_stats.search.candidates if seg_stats.search else 0
+    left = None if cap is None else max(1, cap - spent)
+    search = JointSearch(cluster, config, rules, budget=max(0.0, budget - (time.monotonic() - t0)), alpha=alpha,
+                         progress=progress, max_candidates=left)
+    found = search.run(starts)
+    stats = search.stats if seg_stats.search is None else seg_stats.search + search.stats
+    stats.segments, stats.segment_problems = seg_stats.segments, seg_stats.distinct
+    return found, stats
 
 
 def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
@@ -79,9 +94,7 @@ def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progres
     two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget / 2, alpha=alpha,
                       progress=progress, max_candidates=half)
     found = two.run(_starts(rewritten.pcg, base))
-    stats = SearchStats(one.stats.candidates + two.stats.candidates, one.stats.expanded + two.stats.expanded,
-                        one.stats.rules_applied + two.stats.rules_applied, one.stats.seconds + two.stats.seconds,
-                        one.stats.timed_out or two.stats.timed_out, one.stats.capped or two.stats.capped)
+    stats = one.stats + two.stats
     return Found(found.pcg, found.views, found.report, found.start, rewritten.path + found.path), stats
 
 
@@ -98,10 +111,11 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     if strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)})")
     candidates = {name: evaluate(fn(pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
-    if strategy in SEARCHES:
-        # The unity search reports the two search baselines too, each with a share of the budget.
-        runs = SEARCHES if strategy == "unity" else (strategy,)
-        shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if strategy == "unity" \
+    if strategy in SEARCHES or strategy == "best":
+        # The joint search reports the two search baselines too, each with a share of the budget.
+        joint = strategy in ("best", "unity")
+        runs = SEARCHES if joint else (strategy,)
+        shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if joint \
             else {strategy: 1.0}
         found_by = {}
         for name in runs:
@@ -112,20 +126,23 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
                                                  f"search from {found.start}"),
                                         cluster, config)
             found_by[name] = (found, stats)
-        chosen = candidates[strategy]
+        name = _fastest(candidates) if strategy == "best" else strategy
+        chosen = candidates[name]
         if not chosen.report.feasible:
-            raise InfeasibleError(f"no plan fits in device memory: the best found {chosen.report.infeasible}")
-        found, stats = found_by[strategy]
-        return SearchResult(chosen, candidates, found.path, stats)
-    if strategy != "best":
-        chosen = candidates[strategy]
-        if not chosen.report.feasible:
-            raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}")
-        return SearchResult(chosen, candidates)
-    feasible = [c for c in candidates.values() if c.report.feasible]
-    if not feasible:
-        least = min(candidates.values(), key=lambda c: max(c.report.memory))
-        raise InfeasibleError(f"no strategy fits in device memory: the smallest ({least.baseline.name}) "
-                              f"{least.report.infeasible}")
-    chosen = min(feasible, key=lambda c: (c.report.step_time, c.baseline.name))
+            least = min(candidates.values(), key=lambda c: max(c.report.memory))
+            raise InfeasibleError(f"no plan fits in device memory: the smallest found ({least.baseline.name}) "
+                                  f"{least.report.infeasible}")
+        found, stats = found_by.get(name, found_by[runs[0]])
+        return SearchResult(chosen, candidates, found.path if name in found_by else (), stats)
+    chosen = candidates[strategy]
+    if not chosen.report.feasible:
+        raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}")
     return SearchResult(chosen, candidates)
+
+
+def _fastest(candidates: dict[str, Candidate]) -> str:
+    """The fastest plan that fits (the joint search on a tie: it is the one asked for)."""
+    def key(name: str) -> tuple:
+        rep = candidates[name].report
+        return (not rep.feasible, rep.step_time, name != "unity", name)
+    return min(candidates, key=key)

@@ -79,20 +79,19 @@ class Matcher:
             return []
         kind = self.src.nodes[self.root].kind
         out = []
-        for i, n in self.pcg:
-            if n.kind == kind:
-                m = self.at(i)
-                if isinstance(m, Match):
-                    out.append(m)
-                    if limit and len(out) >= limit:
-                        break
+        for i in self.pcg.by_kind.get(kind, ()):
+            m = self.at(i)
+            if isinstance(m, Match):
+                out.append(m)
+                if limit and len(out) >= limit:
+                    break
         return out
 
     def _search(self, p: int, st: _State) -> _State | str:
         kind = self.src.nodes[p].kind
         last = f"no {kind} node fits pattern node {p}"
-        for i, n in self.pcg:
-            if n.kind == kind and i not in st.nodes.values():
+        for i in self.pcg.by_kind.get(kind, ()):
+            if i not in st.nodes.values():
                 trial = st.copy()
                 why = self._node(p, i, trial)
                 if not why:
