@@ -116,3 +116,27 @@ def mlp_model(path: Path, d_in: int = 16, hidden: int = 32, d_out: int = 8, shap
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_out])], [w1, w2])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
+
+
+def shared_input_model(path: Path, batch: int = 64, d: int = 1024, hidden: int = 32768,
+                       shape_only: bool = True) -> Path:
+    """Save two Linears that share their input, concatenated, Relu, then a Linear back:
+    y = Relu(Concat(x W1, x W2)) W3 (the shape of a gated or multi-branch MLP)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shapes = {"w1": [d, hidden], "w2": [d, hidden], "w3": [2 * hidden, d]}
+    if shape_only:
+        inits = [absent_initializer(k, v) for k, v in shapes.items()]
+    else:
+        rng = np.random.default_rng(0)
+        inits = [numpy_helper.from_array((rng.standard_normal(v) / np.sqrt(v[0])).astype(np.float32), k)
+                 for k, v in shapes.items()]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="left"),
+             helper.make_node("MatMul", ["x", "w2"], ["b"], name="right"),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=-1, name="concat"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w3"], ["y"], name="out")]
+    g = helper.make_graph(nodes, "shared_input", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, d])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path

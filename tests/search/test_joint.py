@@ -85,3 +85,30 @@ def test_a_candidate_cap_gives_the_same_plan_everywhere(tmp_path, shared_models,
     assert plans[0] == plans[1]
     search = json.loads(plans[0])["search"]
     assert search["capped"] is True and search["candidates"] <= 20 + 4  # the unity share, plus its start graphs
+
+
+RELU_THROUGH_CONCAT = "Concat(Relu(a), Relu(b), axis=-1) = Relu(Concat(a, b, axis=-1))"
+
+
+def test_joint_search_beats_both_search_baselines(tmp_path, cluster_dir, rules):
+    """Two Linears sharing an input, concatenated, then Relu and a row-parallel Linear, on 8
+    GPUs: tensor parallelism must gather the two column-split halves before the Concat, so
+    the Relu runs whole on every device. Pushing the Relu *up* through the Concat (the
+    reverse of an algebraic rule, slower on one device: two kernels instead of one) lets it
+    run on the shards. ``parallel_only`` lacks the rule; ``algebraic_then_parallel`` would
+    only apply it if it paid off on one device, which it does not."""
+    from models.catalog import shared_input_model
+
+    pcg = import_model(shared_input_model(tmp_path / "m.onnx"), ImportOptions()).pcg
+    cluster = load_cluster(cluster_dir / "dgx-a100-8.yaml")
+    unity = optimize(pcg, cluster, CostConfig(), "unity", rules, budget=120, max_candidates=300)
+    po = optimize(pcg, cluster, CostConfig(), "parallel_only", rules, budget=120, max_candidates=1000)
+    atp = optimize(pcg, cluster, CostConfig(), "algebraic_then_parallel", rules, budget=120, max_candidates=600)
+    assert po.stats.converged  # not for want of budget
+    best = unity.chosen.report.step_time
+    assert best < 0.97 * po.chosen.report.step_time
+    assert best < 0.97 * atp.chosen.report.step_time
+    assert best < 0.97 * unity.candidates["tensor_parallel"].report.step_time
+    made_the_difference = [a for a in unity.rewrites if a.rule_name == RELU_THROUGH_CONCAT]
+    assert made_the_difference and made_the_difference[0].reverse and made_the_difference[0].at == "relu"
+    assert not any(a.rule_name == RELU_THROUGH_CONCAT for a in po.rewrites + atp.rewrites)
