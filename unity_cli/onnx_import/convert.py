@@ -7,6 +7,7 @@ reference evaluator and folded away. Every node left must have a specification.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Mapping
@@ -59,8 +60,20 @@ class ImportedModel:
 def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions()) -> ImportedModel:
     """Import an ONNX file; every failure is a ModelError naming the file (and node)."""
     p = Path(path)
-    model = load_onnx(p)
-    importer = _Importer(model, p, options)
+    return _import(_Importer(load_onnx(p), p, options), p)
+
+
+def import_model_proto(model: onnx.ModelProto, options: ImportOptions = ImportOptions(),
+                       name: str = "<model>") -> ImportedModel:
+    """Import an in-memory model (its initializers hold their values); ``name`` stands for
+    the file in messages and in ``ImportedModel.path``."""
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    sha256 = hashlib.sha256(model.SerializeToString()).hexdigest()
+    return _import(_Importer(model, Path(name), options, sha256), Path(name))
+
+
+def _import(importer: _Importer, p: Path) -> ImportedModel:
     try:
         return importer.run()
     except UnityError as e:
@@ -75,9 +88,10 @@ def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, path: Path, options: ImportOptions):
+    def __init__(self, model: onnx.ModelProto, path: Path, options: ImportOptions, sha256: str | None = None):
         self.model = model
         self.path = path
+        self.sha256 = sha256
         self.options = options
         self.base_dir = path.parent
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -204,7 +218,8 @@ class _Importer:
                 raise ModelError(f"graph output {o.name!r} is never produced")
             outputs.append(self._ref(o.name))
         pcg = self.builder.build(outputs)
-        return ImportedModel(pcg, str(self.path), file_sha256(self.path), inputs,
+        sha256 = self.sha256 or file_sha256(self.path)
+        return ImportedModel(pcg, str(self.path), sha256, inputs,
                              [o.name for o in self.model.graph.output], self.constants, self.weights,
                              batch, defaulted, self.folded)
 

@@ -1,0 +1,64 @@
+"""Forward kernels against onnxruntime, one ONNX node per case (see ``kernel_cases``),
+and the registry's coverage of every compute op."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from runtime.kernel_cases import CASES, Case
+
+from unity_cli.ir.ops.gather_reduce import GatherAttrs
+from unity_cli.ir.opspec import all_specs
+from unity_cli.runtime.kernels import KERNELS, backward, forward, has_kernel
+from unity_cli.runtime.kernels.elementwise import erf
+
+
+def test_every_compute_op_has_a_kernel():
+    compute = {k for k, s in all_specs().items() if not s.is_source and not s.is_parallel_op}
+    assert compute - set(KERNELS) == set()
+    assert set(KERNELS) - compute == set()
+    assert all(has_kernel(k) for k in compute) and not has_kernel("Repartition")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_forward_matches_onnxruntime(case: Case):
+    op, args = case.node()
+    outs, _ = forward(op, args, np)
+    expected = case.expected()
+    assert len(outs) == len(expected)
+    for got, want in zip(outs, expected):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+def test_erf_is_float64_accurate():
+    xs = np.concatenate([np.linspace(-7, 7, 20001), [0.0, -0.0, 1e-300, np.inf, -np.inf]])
+    want = np.array([math.erf(v) for v in xs])
+    np.testing.assert_allclose(erf(xs, np), want, rtol=0, atol=2e-15)
+    assert erf(np.float32([0.5]), np).dtype == np.float32
+
+
+def test_gather_outside_the_table_yields_zeros_and_no_gradient():
+    """A row-split table's piece sees ids of other pieces as out of its range."""
+    table = np.arange(12, dtype=np.float64).reshape(4, 3)
+    idx = np.array([1, 4, -5, 9, -1])
+    (y,), ctx = forward(GatherAttrs(0), [table, idx], np)
+    np.testing.assert_array_equal(y, [table[1], [0] * 3, [0] * 3, [0] * 3, table[3]])
+    g_table, g_idx = backward(GatherAttrs(0), ctx, [np.ones_like(y)], np)
+    np.testing.assert_array_equal(g_table.sum(axis=1), [0, 3, 0, 3])
+    assert g_idx is None
+
+
+def test_none_output_gradient_is_zero():
+    from unity_cli.ir.ops.shape_ops import SplitAttrs
+
+    op = SplitAttrs(axis=0, sizes=(1, 2))
+    x = np.arange(6.0).reshape(3, 2)
+    outs, ctx = forward(op, [x], np)
+    (gx,) = backward(op, ctx, [None, np.ones((2, 2))], np)
+    np.testing.assert_array_equal(gx, [[0, 0], [1, 1], [1, 1]])
+    assert backward(op, ctx, [None, None], np) == [None]
