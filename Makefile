@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 UNITY  := $(VENV)/bin/unity
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo run-demo test lint bench paper accuracy clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): setup.cfg pyproject.toml
 demo: setup
 	$(UNITY) optimize examples/bert_tiny.onnx --cluster cluster_specs/dgx-a100-8.yaml --batch-size 64 --out plan.json
 
+run-demo: setup
+	$(UNITY) optimize examples/bert_tiny.onnx --cluster cluster_specs/local-cpu.yaml --out plan.json
+	$(VENV)/bin/mpiexec -n 2 $(UNITY) run plan.json --check
+
 test: setup
 	$(PY) -m pytest
 
@@ -24,6 +28,16 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/foundation.py
+
+# The Unity paper's benchmark: 7 DNNs x {8, 48, 192} Summit GPUs x 5 strategies -> benchmarks/results/paper.{md,csv}
+# and docs/paper_speedup.png (matplotlib comes from the 'bench' extra); about 25 min on 2 cores.
+paper: setup
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[bench]'
+	$(PY) benchmarks/paper.py
+
+# Cost-model accuracy: plan small models for 2 CPU ranks, train each plan with MPI -> benchmarks/results/accuracy.*
+accuracy: setup
+	$(PY) benchmarks/accuracy.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info plan.json

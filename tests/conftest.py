@@ -24,3 +24,9 @@ def shared_models() -> Path:
 @pytest.fixture(scope="session")
 def cluster_dir() -> Path:
     return REPO / "cluster_specs"
+
+
+@pytest.fixture(autouse=True)
+def _no_home_profile(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile in the real ~/.cache/unity/profiles must not change what tests plan."""
+    monkeypatch.setenv("UNITY_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))

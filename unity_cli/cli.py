@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -116,15 +117,23 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--out", "out_path", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False),
               help="Verified rule cache (default: the one shipped with unity).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
+              help="Measured times from 'unity profile' (default: $UNITY_PROFILE_DIR/<cluster name>.json, "
+                   "~/.cache/unity/profiles, if it is there and fits the cluster).")
+@click.option("--no-profile", is_flag=True, help="Plan with the roofline estimates only.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Also write the plan's HTML report (as 'unity report' does) to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @handles_errors
 def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
              optimizer: str, strategy: str, budget: float, max_candidates: int | None, memory_limit: float | None,
              alpha: float, out_path: str,
-             rules_path: str | None, as_json: bool) -> None:
+             rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
+             report_path: str | None = None) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     from .cluster import load_cluster, local_cluster
     from .cost.model import CostConfig, Optimizer
+    from .cost.profile import profile_for
     from .ir import DType
     from .onnx_import import DEFAULT_BATCH, ImportOptions, import_model
     from .plan.build import make_plan
@@ -138,13 +147,18 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     out_dir = Path(out_path).resolve().parent
     if not out_dir.is_dir():
         raise UsageError(f"--out {out_path}: directory {out_dir} does not exist")
+    if report_path and not Path(report_path).resolve().parent.is_dir():
+        raise UsageError(f"--report {report_path}: directory {Path(report_path).resolve().parent} does not exist")
     cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
     if memory_limit is not None and memory_limit <= 0:
         raise UsageError(f"--memory-limit must be positive, got {memory_limit}")
     limit = int(memory_limit * 1e9) if memory_limit is not None else None
-    config = CostConfig(DType(dtype), Optimizer(optimizer), limit)
+    if profile_path and no_profile:
+        raise UsageError("--profile and --no-profile: pick one")
+    profile, profile_note = profile_for(cluster, profile_path, use_default=not no_profile)
+    config = CostConfig(DType(dtype), Optimizer(optimizer), limit, profile)
     if budget <= 0:
         raise UsageError(f"--budget must be positive, got {budget}")
     if alpha < 1:
@@ -152,26 +166,78 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     if max_candidates is not None and max_candidates < 1:
         raise UsageError(f"--max-candidates must be >= 1, got {max_candidates}")
     progress = Progress("search", enabled=None if not as_json else False)
+    started = time.monotonic()
+
+    def report(stats, best: float, _left: float) -> None:  # elapsed over the whole run, not one phase
+        elapsed = min(int(time.monotonic() - started), int(budget))
+        progress(elapsed, int(budget), f"{stats.candidates} candidates, best {best * 1e3:.3f} ms")
+
     try:
-        result = run_search(imported.pcg, cluster, config, strategy, rules.rules, budget, alpha,
-                            lambda st, best, left: progress(min(int(budget - left), int(budget)), int(budget),
-                                                            f"{st.candidates} candidates, best {best * 1e3:.3f} ms"),
+        result = run_search(imported.pcg, cluster, config, strategy, rules.rules, budget, alpha, report,
                             max_candidates)
     finally:
         progress.close()
     plan = make_plan(imported, cluster, config, result,
                      {"rules_loaded": len(rules.rules), "rules_hash": rules.content_hash()})
     plan.save(out_path)
-    notes = []
+    if report_path:
+        from .report.html import write_report
+        write_report(plan, report_path)
+    notes = [profile_note] if profile_note else []
     if imported.batch_defaulted:
         notes.append(f"the model's batch dim is symbolic; planned for batch {DEFAULT_BATCH} (set --batch-size)")
     if as_json:
         doc = {"plan": out_path, "strategy": plan.strategy, "predicted": plan.predicted,
                "baselines": plan.baselines, "model": plan.model, "notes": notes}
+        if report_path:
+            doc["report"] = report_path
         click.echo(json.dumps(doc, sort_keys=True))
     else:
         click.echo(summary(plan, out_path, notes))
+        if report_path:
+            click.echo(f"wrote    {report_path}")
 
+
+
+@cli.command("zoo")
+@click.argument("name", required=False)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), help="ONNX file to write (default: NAME.onnx).")
+@click.option("--scale", default="paper", show_default=True,
+              help="paper (the real sizes; weights shape-only unless --weights) | small (the same architecture "
+                   "shrunk to train on CPUs in seconds; random weights inline).")
+@click.option("--batch-size", type=int, help="Fix the batch dim (default: symbolic, N).")
+@click.option("--weights/--no-weights", default=None,
+              help="Write seeded random weights (default: yes at small scale; at paper scale they go to "
+                   "OUT.data, which is large).")
+@click.option("--list", "list_models", is_flag=True, help="List the models: name, paper-scale parameters, "
+              "description.")
+@handles_errors
+def zoo_command(name: str | None, out_path: str | None, scale: str, batch_size: int | None, weights: bool | None,
+                list_models: bool) -> None:
+    """Write one of the Unity paper's seven DNNs as an ONNX file (unity zoo --list)."""
+    from . import zoo
+
+    if list_models:
+        for m in zoo.MODELS.values():
+            click.echo(f"{m.name:<13} {zoo.paper_parameters(m.name) / 1e6:>7.1f}M  {m.description}")
+        return
+    if not name:
+        raise UsageError("give a model NAME (see 'unity zoo --list')")
+    model = zoo.lookup(name)
+    zoo.check_scale(scale)
+    out = Path(out_path or f"{model.name}.onnx")
+    built, data = zoo.write(model.name, out, scale, batch_size, weights)
+    inputs = ", ".join(f"{i.name}[{','.join(d.dim_param or str(d.dim_value) for d in i.type.tensor_type.shape.dim)}]"
+                       for i in built.model.graph.input)
+    if data is not None:
+        stored = f"weights in {data}"
+    elif scale == "small" and weights is not False:
+        stored = "weights inline"
+    else:
+        stored = f"weights shape-only (external data {out.name}.data not written; --weights writes it)"
+    params = f"{built.params / 1e6:.2f}M" if built.params >= 1e6 else f"{built.params:,}"
+    click.echo(f"wrote {out}: {built.doc} ({scale} scale); {params} parameters; "
+               f"inputs {inputs}; {stored}")
 
 
 @cli.command("verify-rules")
@@ -212,6 +278,77 @@ def verify_rules(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int,
 
 
 
+def _share_cores_as_ranks(devices_per_node: int) -> None:
+    """Give this process the BLAS threads one rank of ``unity run`` gets, before numpy starts
+    them: under a launcher as its ranks share the node, alone as one of the node's devices
+    (so a CPU device is timed with the cores it will have)."""
+    from .runtime.threads import share_cores
+
+    env = dict(os.environ)
+    if share_cores(env) is None and not any(k.endswith("_NUM_THREADS") for k in env):
+        env["MPI_LOCALNRANKS"] = str(devices_per_node)
+        share_cores(env)
+    os.environ.update({k: v for k, v in env.items() if k.endswith("_NUM_THREADS")})
+
+
+@cli.command("profile")
+@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False),
+              help="Cluster spec YAML whose device type this machine's devices stand for (default: this machine).")
+@click.option("--model", "models", multiple=True, type=click.Path(dir_okay=False),
+              help="ONNX model whose plans' operator pieces to measure (repeatable).")
+@click.option("--plan", "plans", multiple=True, type=click.Path(dir_okay=False),
+              help="Also measure the pieces of a saved plan (repeatable).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="Profile file (default: $UNITY_PROFILE_DIR/<cluster name>.json, ~/.cache/unity/profiles); "
+                   "new measurements merge into it.")
+@click.option("--batch-size", type=int, help="Leading dim of every (non-weight) graph input, as for optimize.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "float64"]), default="float32", show_default=True)
+@click.option("--max-seconds", type=float, default=60.0, show_default=True,
+              help="Time all operator measurements may take; pieces left keep their roofline estimate.")
+@click.option("--device-type", help="The cluster's device type this machine has (default: the only one of its kind).")
+@click.option("--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True,
+              help="numpy on CPUs, or cupy timed with CUDA events (auto: cupy if it sees a GPU).")
+@click.option("--replace", is_flag=True, help="Start the file afresh instead of merging into it.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@handles_errors
+def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str, ...], out_path: str | None,
+            batch_size: int | None, dtype: str, max_seconds: float, device_type: str | None, backend: str,
+            replace: bool, as_json: bool) -> None:
+    """Measure operator pieces (and, under mpiexec -n 2+, links and collectives) for the cost model."""
+    from .cluster import load_cluster, local_cluster
+
+    cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
+    _share_cores_as_ranks(max(n.devices for n in cluster.nodes))
+    from .cost.profile import default_profile_path, load_profile
+    from .cost.profiler import TimingPolicy, run_profile
+    from .errors import ProfileError
+    from .ir import DType
+    from .report.progress import Progress
+
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
+    if max_seconds <= 0:
+        raise UsageError(f"--max-seconds must be positive, got {max_seconds}")
+    out = Path(out_path) if out_path else default_profile_path(cluster.name)
+    old = None
+    if out.exists() and not replace:
+        try:
+            old = load_profile(out)
+        except ProfileError as e:
+            raise ProfileError(f"{e} (pass --replace to overwrite it)") from None
+    progress = Progress("profile", enabled=None if not as_json else False)
+    try:
+        result = run_profile(list(models), cluster, batch_size=batch_size, dtype=DType(dtype),
+                             policy=TimingPolicy(max_seconds=max_seconds), plans=list(plans),
+                             device_type=device_type, backend=backend, merge_into=old, progress=progress)
+    finally:
+        progress.close()
+    if result.profile is None:  # not rank 0
+        return
+    result.profile.save(out)
+    click.echo(json.dumps(result.to_json(str(out)), sort_keys=True) if as_json else result.summary(str(out)))
+
+
 @cli.command()
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("--operators", type=int, default=12, show_default=True, help="How many of the costliest operators.")
@@ -222,10 +359,11 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
     from .plan.plan import load_plan
     from .report.explain import data_parallel_rows
     from .report.operators import operator_rows
-    from .report.summary import plan_config, summary
+    from .report.summary import plan_config, plan_profile, summary
 
     plan = load_plan(plan_path)
     baseline, why = data_parallel_rows(plan)
+    _, profile_why = plan_profile(plan)
     if as_json:
         rows = operator_rows(plan.pcg, plan.views, plan.cluster, plan_config(plan))
         top = sorted(rows, key=lambda r: (-r.total_ms, r.name))[:operators]
@@ -237,7 +375,28 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
                               else None} for r in top]}
         click.echo(json.dumps(doc, sort_keys=True))
         return
-    click.echo(summary(plan, None, [why] if why else [], baseline, operators))
+    click.echo(summary(plan, None, [w for w in (profile_why, why) if w], baseline, operators))
+
+
+@cli.command()
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_path", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write (self-contained: open it in any browser, offline).")
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False),
+              help="The output of 'unity run --json' for this plan, shown beside the prediction.")
+@handles_errors
+def report(plan_path: str, out_path: str, measured_path: str | None) -> None:
+    """Write an HTML view of PLAN: the graph, a predicted step per device, memory, strategies."""
+    from .plan.plan import load_plan
+    from .report.html import load_measured, write_report
+
+    out_dir = Path(out_path).resolve().parent
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_path}: directory {out_dir} does not exist")
+    plan = load_plan(plan_path)
+    measured = load_measured(measured_path) if measured_path else None
+    size = write_report(plan, out_path, measured)
+    click.echo(f"wrote {out_path} ({size / 1024:.0f} KiB)")
 
 
 @cli.command()
@@ -265,6 +424,9 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
 def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer: str | None, lr: float | None,
         seed: int, model_path: str | None, check: bool, save_path: str | None, backend: str, as_json: bool) -> None:
     """Train with PLAN on the ranks of an MPI job: mpiexec -n P unity run plan.json."""
+    from .runtime.threads import share_cores
+
+    share_cores()  # before numpy starts its BLAS threads
     from .errors import RunError
     from .runtime.train import RunOptions, run_plan
 

@@ -36,3 +36,15 @@ class InfeasibleError(UnityError):
 
 class UsageError(UnityError):
     """Bad command-line arguments (names the option)."""
+
+
+class RunError(UnityError):
+    """Training with a plan failed (names the MPI rank and the node where it can)."""
+
+
+class ProfileError(UnityError):
+    """A profile DB file is malformed or cannot be read or written (names the file and field)."""
+
+
+class ReportError(UnityError):
+    """A report cannot be written, or a file it shows (``--measured``) is malformed (names the file and field)."""

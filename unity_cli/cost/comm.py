@@ -4,15 +4,29 @@
 for all-gather and all-reduce). Ring algorithms (or a tree, for a small all-reduce) for all-reduce, all-gather and
 reduce-scatter; pipelined trees for broadcast and reduce. When several groups cross
 the network at once, they share each node's interface.
+
+With a measured profile (:mod:`unity_cli.cost.profile`), two things replace the spec's
+numbers: a collective measured at the same rank count over the same kind of link
+(intra-node or inter-node) costs its fitted ``alpha + beta * n`` (when no other group
+shares the network); otherwise the formulas above run over the profile's measured
+point-to-point latency and bandwidth for that link kind, which replace those of every
+link of that kind in the spec. Anything not measured keeps the spec's numbers.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from ..cluster.spec import ClusterSpec, Link
+
+if TYPE_CHECKING:  # profile.py imports this module
+    from .profile import Profile
+
+INTRA_NODE = "intra-node"
+INTER_NODE = "inter-node"
 
 
 class Collective(Enum):
@@ -47,25 +61,56 @@ def collective_time(kind: Collective, nbytes: float, p: int, link: Link) -> floa
     raise AssertionError(kind)
 
 
-def group_link(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> Link:
-    """The link one of several concurrent groups gets: intra-node if it stays on one node;
-    otherwise the network, shared by all the groups that leave each node."""
+def _route(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> tuple[Link, str | None, int]:
+    """The link one of several concurrent groups gets, its kind, and how many groups share
+    each node's interface: intra-node if every group stays on one node; otherwise the
+    network, shared by all the groups that leave each node."""
     spanning = [g for g in groups if len({cluster.node_of(d) for d in g}) > 1]
     if not spanning:
-        return min((cluster.link_for(g) for g in groups if len(g) > 1),
-                   key=lambda link: link.bandwidth, default=Link(math.inf, 0.0))
+        multi = [g for g in groups if len(g) > 1]
+        if not multi:
+            return Link(math.inf, 0.0), None, 1
+        return min((cluster.link_for(g) for g in multi), key=lambda link: link.bandwidth), INTRA_NODE, 1
     per_node: Counter[int] = Counter()
     for g in spanning:
         for node in {cluster.node_of(d) for d in g}:
             per_node[node] += 1
-    share = max(per_node.values())
-    net = cluster.link_for(spanning[0])
-    return Link(net.bandwidth / share, net.latency)
+    return cluster.link_for(spanning[0]), INTER_NODE, max(per_node.values())
 
 
-def groups_time(kind: Collective, nbytes: float, cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> float:
+def _measured(link: Link, kind: str | None, profile: Profile | None) -> Link:
+    fit = profile.link(kind) if profile is not None and kind is not None else None
+    return Link(fit.bandwidth, fit.latency) if fit is not None else link
+
+
+def group_link(cluster: ClusterSpec, groups: Sequence[Sequence[int]], profile: Profile | None = None) -> Link:
+    """The link one of several concurrent groups gets (see :func:`_route`), with the
+    profile's measured numbers for its kind where there are some."""
+    link, kind, share = _route(cluster, groups)
+    link = _measured(link, kind, profile)
+    return Link(link.bandwidth / share, link.latency) if share > 1 else link
+
+
+def link_for(cluster: ClusterSpec, devices: Iterable[int], profile: Profile | None = None) -> Link:
+    """``cluster.link_for(devices)``, with the profile's measured numbers for its kind."""
+    devs = set(devices)
+    nodes = {cluster.node_of(d) for d in devs}
+    kind = None if len(devs) <= 1 else INTER_NODE if len(nodes) > 1 else INTRA_NODE
+    return _measured(cluster.link_for(devs), kind, profile)
+
+
+def groups_time(kind: Collective, nbytes: float, cluster: ClusterSpec, groups: Sequence[Sequence[int]],
+                profile: Profile | None = None) -> float:
     """Seconds for the same collective run at once in every group."""
     if not groups:
         return 0.0
     p = max(len(g) for g in groups)
-    return collective_time(kind, nbytes, p, group_link(cluster, groups))
+    link, link_kind, share = _route(cluster, groups)
+    if profile is not None and link_kind is not None and share == 1 and p > 1 and nbytes > 0:
+        fit = profile.collective(kind.value, link_kind, p)
+        if fit is not None:
+            return fit.time(nbytes)
+    link = _measured(link, link_kind, profile)
+    if share > 1:
+        link = Link(link.bandwidth / share, link.latency)
+    return collective_time(kind, nbytes, p, link)

@@ -1,7 +1,8 @@
 """The cost of one training step of a mapped PCG: compute, communication, memory.
 
-Every operator piece costs a roofline estimate (or a measurement, once profiled) forward
-and backward; every parallel operator costs the collective it implies. A list-scheduling
+Every operator piece costs a roofline estimate forward and backward, or what the profile
+measured for it (``CostConfig.profile``, see ``profile.py``); every parallel operator costs
+the collective it implies, over the spec's links or the profile's measured ones. A list-scheduling
 simulation over two streams per device (compute and communication) turns these into a
 step time, so independent work overlaps and the weight-gradient all-reduce hides behind
 the rest of the backward pass where it can.
@@ -30,7 +31,8 @@ from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from .comm import Collective, groups_time
-from .compute import piece_shapes, roofline
+from .compute import piece_op, piece_shapes, roofline
+from .profile import Profile, piece_key
 
 
 class Optimizer(Enum):
@@ -48,6 +50,7 @@ class CostConfig:
     dtype: DType = DType.FLOAT32
     optimizer: Optimizer = Optimizer.ADAM
     memory_limit: int | None = None   # bytes per device; None: each device's capacity
+    profile: Profile | None = None    # measured times that replace the roofline and the links
 
 
 class Stream(Enum):
@@ -126,7 +129,7 @@ def _gather_then_replicate(pcg: PCG, layout: Sequence[int | None]) -> dict[int, 
 
 
 def _comm(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec,
-          dtype: DType, fused: dict[int, int]) -> tuple[float, float]:
+          dtype: DType, fused: dict[int, int], profile: Profile | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of the collective a parallel op implies."""
     n = pcg.nodes[i]
     if i in fused.values():
@@ -142,35 +145,36 @@ def _comm(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineV
     match n.op:
         case RepartitionAttrs(dim=dim, degree=d):
             groups = vout.groups(y, dim, d)
-            return 0.0, groups_time(Collective.ALL_GATHER, piece_in, cluster, groups)
+            return 0.0, groups_time(Collective.ALL_GATHER, piece_in, cluster, groups, profile)
         case CombineAttrs(dim=dim, degree=d) if dim == REPLICA_DIM:
             return 0.0, 0.0
         case CombineAttrs(dim=dim, degree=d):
             groups = vin.groups(x, dim, d)
-            back = groups_time(Collective.REDUCE_SCATTER, piece_out, cluster, groups) if paired else 0.0
-            return groups_time(Collective.ALL_GATHER, piece_out, cluster, groups), back
+            back = groups_time(Collective.REDUCE_SCATTER, piece_out, cluster, groups, profile) if paired else 0.0
+            return groups_time(Collective.ALL_GATHER, piece_out, cluster, groups, profile), back
         case ReplicateAttrs(degree=d):
             groups = vout.groups(y, rank + 1, d)
-            return (groups_time(Collective.BROADCAST, piece_out, cluster, groups),
-                    groups_time(Collective.REDUCE, piece_out, cluster, groups))
+            return (groups_time(Collective.BROADCAST, piece_out, cluster, groups, profile),
+                    groups_time(Collective.REDUCE, piece_out, cluster, groups, profile))
         case ReductionAttrs(degree=d):
             groups = vin.groups(x, rank + 1 if reduces_copies(x) else rank, d)
             if paired:
-                t = groups_time(Collective.ALL_REDUCE, piece_in, cluster, groups)
+                t = groups_time(Collective.ALL_REDUCE, piece_in, cluster, groups, profile)
                 return t, t
-            return (groups_time(Collective.REDUCE, piece_in, cluster, groups),
-                    groups_time(Collective.BROADCAST, piece_in, cluster, groups))
+            return (groups_time(Collective.REDUCE, piece_in, cluster, groups, profile),
+                    groups_time(Collective.BROADCAST, piece_in, cluster, groups, profile))
     raise AssertionError(n.op)
 
 
-def _sync(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec) -> float:
+def _sync(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec,
+          profile: Profile | None = None) -> float:
     """Gradient all-reduce of a replicated trainable weight (the backward of its Replicate)."""
     n = pcg.nodes[i]
     if not isinstance(n.op, ReplicateAttrs):
         return 0.0
     y = n.outputs[0]
     groups = views[i].groups(y, y.rank + 1, n.op.degree)
-    return groups_time(Collective.ALL_REDUCE, y.piece.nbytes, cluster, groups)
+    return groups_time(Collective.ALL_REDUCE, y.piece.nbytes, cluster, groups, profile)
 
 
 @dataclass(frozen=True)
@@ -199,21 +203,28 @@ def node_cost(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Seque
     if src is not None:
         w = pcg.nodes[src].op
         trainable = isinstance(w, WeightAttrs) and w.trainable
-        return NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster) if trainable else 0.0)
+        return NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster, config.profile) if trainable else 0.0)
     if n.spec.is_parallel_op:
-        f, b = _comm(pcg, i, views, cluster, config.dtype, ctx.fused)
+        f, b = _comm(pcg, i, views, cluster, config.dtype, ctx.fused, config.profile)
         return NodeCost(i, 0, 0, f, b, 0)
     devices = views[i].devices(n.outputs[0])
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
-    fwd, bwd = _compute_time(n.op, tuple(pcg.shape(r) for r in n.inputs), n.outputs, device, config.dtype)
+    fwd, bwd = _compute_time(n.op, tuple(pcg.shape(r) for r in n.inputs), n.outputs, device, config.dtype,
+                             config.profile)
     return NodeCost(i, fwd, bwd, 0, 0, 0)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType) -> tuple[float, float]:
-    """Forward and backward time of one piece (cached: candidates share most of their nodes)."""
+def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
+                  profile: Profile | None = None) -> tuple[float, float]:
+    """Forward and backward time of one piece: measured if the profile has it for this
+    device type and dtype, else the roofline (cached: candidates share most of their nodes)."""
     ins = piece_shapes(inputs, dtype)
     outs = piece_shapes(outputs, dtype)
+    if profile is not None:
+        hit = profile.op_time(device, dtype.value, piece_key(piece_op(op, outputs[0]), ins, outs))
+        if hit is not None:
+            return hit.fwd, hit.bwd
     t = roofline(spec_of(op).cost(op, ins, outs), device, dtype)
     return t.fwd, t.bwd
 

@@ -47,6 +47,8 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}
     if config.memory_limit is not None:
         cfg["memory_limit_bytes"] = config.memory_limit
+    if config.profile is not None:  # only then: plans made without one stay byte-identical
+        cfg["profile"] = {"path": config.profile.source, "sha256": config.profile.sha256}
     return Plan(model_info, cluster, cfg,
                 chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
                 rewrites=rewrites, search=search)

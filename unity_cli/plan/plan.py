@@ -29,7 +29,7 @@ FORMAT = "unity-plan/1"
 class Plan:
     model: dict[str, Any]          # path, sha256, inputs {name: {dims, dtype}}, outputs, batch_size
     cluster: ClusterSpec
-    config: dict[str, Any]         # dtype, optimizer
+    config: dict[str, Any]         # dtype, optimizer, [memory_limit_bytes], [profile: {path, sha256}]
     strategy: str
     pcg: PCG
     views: tuple[MachineView, ...]

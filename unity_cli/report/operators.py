@@ -10,6 +10,7 @@ from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostContext, node_cost
 from ..ir.pcg import PCG
 from ..ir.printer import op_label
+from ..ir.shapes import ParallelTensorShape
 
 
 @dataclass(frozen=True)
@@ -36,21 +37,26 @@ def operator_rows(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec, 
             continue
         c = node_cost(ctx, i, views)
         shape = n.outputs[0]
-        dims = ",".join(f"{d.size}" if d.degree == 1 else f"{d.size}/{d.degree}" for d in shape.dims)
-        extra = "".join(f" {k}={v}" for k, v in (("sum", shape.sum_degree), ("copy", shape.copy_degree)) if v > 1)
-        rows.append(OperatorRow(_label(pcg, i), n.kind, f"[{dims}]{extra}", len(set(views[i].devices(shape))),
+        rows.append(OperatorRow(node_label(pcg, i), n.kind, shape_label(shape), len(set(views[i].devices(shape))),
                                 (c.compute_fwd + c.compute_bwd) * 1e3, (c.comm_fwd + c.comm_bwd + c.grad_sync) * 1e3))
     return rows
 
 
-def _label(pcg: PCG, i: int) -> str:
+def shape_label(shape: ParallelTensorShape) -> str:
+    """``[64/8,32,64] copy=2``: each dim's size over its degree, then the replica degrees."""
+    dims = ",".join(f"{d.size}" if d.degree == 1 else f"{d.size}/{d.degree}" for d in shape.dims)
+    extra = "".join(f" {k}={v}" for k, v in (("sum", shape.sum_degree), ("copy", shape.copy_degree)) if v > 1)
+    return f"[{dims}]{extra}"
+
+
+def node_label(pcg: PCG, i: int) -> str:
     """A node's name; a parallel op without one is named by what it does and to what."""
     n = pcg.nodes[i]
     if n.name:
         return n.name
     if n.spec.is_parallel_op:
         src = n.inputs[0].node
-        return f"{_label(pcg, src)} -> {op_label(n.op)}"
+        return f"{node_label(pcg, src)} -> {op_label(n.op)}"
     return n.kind
 
 

@@ -5,6 +5,8 @@ from collections.abc import Mapping
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, Optimizer
+from ..cost.profile import Profile, load_profile
+from ..errors import ProfileError
 from ..ir.dtypes import DType
 from ..plan.plan import Plan
 from .operators import OperatorRow, heaviest_table, operator_rows
@@ -35,8 +37,26 @@ def describe_cluster(c: ClusterSpec) -> str:
 
 
 def plan_config(plan: Plan) -> CostConfig:
+    """The cost config a plan was made with. Its profile, if it names one, is used when the
+    file is still there with the same content; otherwise operators cost the roofline."""
     c = plan.config
-    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"))
+    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"),
+                      plan_profile(plan)[0])
+
+
+def plan_profile(plan: Plan) -> tuple[Profile | None, str | None]:
+    """The profile the plan was made with, or None and why it is not available."""
+    ref = plan.config.get("profile")
+    if not isinstance(ref, dict) or not isinstance(ref.get("path"), str):
+        return None, None
+    try:
+        prof = load_profile(ref["path"])
+    except ProfileError as e:
+        return None, f"the plan's profile cannot be used ({e}); operator times are roofline estimates"
+    if prof.sha256 != ref.get("sha256"):
+        return None, (f"the plan's profile {ref['path']} has changed since the plan was made; "
+                      "operator times are roofline estimates")
+    return prof, None
 
 
 def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mapping[str, OperatorRow] | None = None,

@@ -20,12 +20,13 @@ import hashlib
 import itertools
 import math
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..cluster.machine_view import MachineView, packed_view
 from ..cluster.spec import ClusterSpec
-from ..cost.comm import Collective, collective_time
+from ..cost.comm import Collective, collective_time, link_for
 from ..cost.model import CostConfig, CostContext, node_cost
 from ..ir.opspec import attrs_key
 from ..ir.pcg import PCG
@@ -68,9 +69,10 @@ class Mapper:
     """The DP for one PCG on one cluster (see the module docstring)."""
 
     def __init__(self, pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(), max_starts: int = 2,
-                 state_limit: int = STATE_LIMIT):
+                 state_limit: int = STATE_LIMIT, seconds: float | None = None):
         self.pcg, self.cluster = pcg, cluster
         self.state_limit = state_limit
+        self.deadline = None if seconds is None else time.monotonic() + seconds
         self.ctx = CostContext.of(pcg, cluster, config)
         self.max_starts = max_starts
         self.defaults = default_views(pcg)
@@ -173,7 +175,7 @@ class Mapper:
             if vu == vi or (len(set(have)) == 1 and set(have) == set(want)):
                 cost = 0.0
             else:  # move every piece once, in parallel, over the slowest link involved
-                link = self.cluster.link_for(set(have) | set(want))
+                link = link_for(self.cluster, set(have) | set(want), self.ctx.config.profile)
                 nbytes = shape.piece.numel * (self.ctx.config.dtype.itemsize if shape.dtype.is_float
                                               else shape.dtype.itemsize)
                 cost = 2 * collective_time(Collective.P2P, nbytes, 2, link)  # forward and backward
@@ -231,6 +233,8 @@ class Mapper:
         self.states += 1
         if self.states > self.state_limit:
             raise MappingBudgetExceeded(f"more than {self.state_limit} DP states")
+        if self.deadline is not None and self.states % 64 == 0 and time.monotonic() > self.deadline:
+            raise MappingBudgetExceeded("out of time")
         match t:
             case Leaf(node=i):
                 best = self._leaf_solve(i, res, fixed)
@@ -304,12 +308,13 @@ def _tree_shape(t: SP, local: Mapping[int, int]) -> str:
     raise AssertionError(t)
 
 
-def dp_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig()
+def dp_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(), seconds: float | None = None
            ) -> tuple[float, tuple[MachineView, ...]] | None:
     """The cheapest mapping the DP finds and its objective value; None if the graph is too
-    tangled for the DP's state budget (the caller then keeps the default views)."""
+    tangled for the DP's state budget or ``seconds`` run out (the caller then keeps the
+    default views)."""
     try:
-        return Mapper(pcg, cluster, config).run()
+        return Mapper(pcg, cluster, config, seconds=seconds).run()
     except MappingBudgetExceeded:
         return None
 

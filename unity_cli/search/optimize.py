@@ -42,11 +42,23 @@ class SearchResult:
     stats: SearchStats | None = None
 
 
+MAPPING_SECONDS = 2.0
+"""Time the machine-mapping DP may take per strategy before the default views are kept
+(a thousand-node graph such as DenseNet would otherwise spend longer mapping than searching)."""
+
+_mapped: dict[tuple, tuple | None] = {}
+
+
 def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig) -> Candidate:
     """Cost a strategy under the default views and under the machine-mapping DP's; keep the faster."""
     validate(baseline.pcg)
     best = None
-    mapped = dp_map(baseline.pcg, cluster, config)
+    key = (baseline.pcg.canonical_hash, cluster, config)
+    if key not in _mapped:  # the searches often return a graph a baseline already is
+        if len(_mapped) > 64:
+            _mapped.clear()
+        _mapped[key] = dp_map(baseline.pcg, cluster, config, seconds=MAPPING_SECONDS)
+    mapped = _mapped[key]
     options = [default_views(baseline.pcg)] + ([mapped[1]] if mapped else [])
     for views in options:
         report = estimate(baseline.pcg, views, cluster, config)

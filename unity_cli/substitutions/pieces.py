@@ -10,43 +10,31 @@ Parallel ops move pieces as ``ir/ops/parallel.py`` says: along an axis, ``Repart
 and ``Replicate`` split piece ``i`` into pieces ``i*d .. i*d+d-1`` and ``Combine`` and
 ``Reduction`` merge ``d`` consecutive pieces. A compute op runs once per output piece
 ``t``; input ``i`` reads, for each of its dims, the piece its role names (see
-:func:`input_coord`) and the logical kernel of ``semantics.KERNELS`` runs on pieces.
+:func:`unity_cli.ir.pieces.input_coord`, shared with the runtime) and the logical kernel
+of ``semantics.KERNELS`` runs on pieces.
 
 This is an independent check of the logical semantics the generator and verifier use:
 ``assemble(evaluate_pieces(g, v)) == semantics.evaluate(g, v)`` for every small graph.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..ir.ops.parallel import REPLICA_DIM, reduces_copies
-from ..ir.opspec import SUM, WHOLE, Role
 from ..ir.pcg import PCG, Node
+from ..ir.pieces import Coord, PieceError, coords, input_coord, parallel_axes, piece_attrs, task_inputs
+from ..ir.pieces import with_axis as _with
 from ..ir.shapes import ParallelTensorShape
 from .semantics import KERNELS
 
-Coord = tuple[int, ...]
+__all__ = ["Coord", "PieceError", "Pieces", "assemble", "check_pieces", "coords", "evaluate_pieces", "input_coord",
+           "parallel_axes", "split_value"]
+
 Pieces = dict[Coord, np.ndarray]
-
-
-class PieceError(AssertionError):
-    """Pieces that break the invariants of their parallel shape (replicas that differ,
-    a piece of the wrong size): a bug in a kernel or in a parallel shape rule."""
-
-
-def parallel_axes(shape: ParallelTensorShape) -> tuple[int, ...]:
-    """The degrees of the parallel axes, dims then sum then copy (as machine views order them)."""
-    return shape.degrees + (shape.sum_degree, shape.copy_degree)
-
-
-def coords(shape: ParallelTensorShape) -> Iterator[Coord]:
-    """Every piece coordinate of ``shape``, row-major."""
-    return itertools.product(*(range(a) for a in parallel_axes(shape)))
 
 
 def split_value(value: np.ndarray, shape: ParallelTensorShape, rng: np.random.Generator | None = None) -> Pieces:
@@ -162,72 +150,20 @@ def _parallel(n: Node, x: Pieces, shape: ParallelTensorShape) -> list[Pieces]:
     return [out]
 
 
-def _with(c: Coord, axis: int, value: int) -> Coord:
-    return c[:axis] + (value,) + c[axis + 1:]
-
-
-def input_coord(roles: Sequence[Role], term_has_sum: bool | None, shape: ParallelTensorShape,
-                t: Coord, contracted: int) -> Coord:
-    """The piece of one input that output task ``t`` reads.
-
-    A dim with role ``j`` takes ``t[j]``, a ``SUM`` dim the contraction index, a ``WHOLE``
-    dim 0. The output's sum index ``s`` is ``p * contracted + c`` for a term that contracts
-    (``p`` the partial-sum index of the term's partial input, ``c`` the contraction index)
-    and just ``p`` for a term that does not; an input without partial sums reads sum 0.
-    ``term_has_sum`` is None for an input in no term. Any replica is as good: copy 0.
-    """
-    s = t[-2]
-    out = []
-    for role in roles:
-        if role == WHOLE:
-            out.append(0)
-        elif role == SUM:
-            out.append(s % contracted)
-        else:
-            out.append(t[role])
-    if shape.sum_degree == 1:
-        p = 0
-    elif term_has_sum is None:
-        raise PieceError("an input in no term holds partial sums")
-    else:
-        p = s // contracted if term_has_sum else s
-    return tuple(out) + (p, 0)
-
-
 def _compute(n: Node, args: Sequence[Pieces], shapes: Sequence[ParallelTensorShape]) -> list[Pieces]:
     """A compute op: run the logical kernel once per output piece on the pieces it reads."""
-    spec = n.spec
-    logical = [s.logical for s in shapes]
-    roles = spec.roles(n.op, logical)
-    terms = spec.terms(n.op, len(shapes))
-    contracted = next((s.degrees[d] for s, rs in zip(shapes, roles, strict=True)
-                       for d, role in enumerate(rs) if role == SUM), 1)
-    has_sum = [SUM in rs for rs in roles]
-    term_of: list[bool | None] = [None] * len(shapes)
-    for term in terms:
-        for i in term:
-            if term_of[i] is not None and shapes[i].sum_degree > 1:
-                raise NotImplementedError(f"{n.kind}: input {i} with partial sums is in two terms")
-            term_of[i] = any(has_sum[j] for j in term)
+    reads = task_inputs(n, shapes)
     try:
         kernel = KERNELS[n.kind]
     except KeyError:
         raise NotImplementedError(f"no reference kernel for {n.kind}") from None
-    op = _piece_attrs(n)
+    op = piece_attrs(n)
     outs: list[Pieces] = [{} for _ in n.outputs]
     for t in coords(n.outputs[0]):
-        ins = [args[i][input_coord(roles[i], term_of[i], shapes[i], t, contracted)] for i in range(len(shapes))]
+        ins = [args[i][reads.coord(i, t)] for i in range(len(shapes))]
         for k, v in enumerate(kernel(op, ins)):
             v = np.asarray(v)
             if v.shape != n.outputs[k].piece.dims:
                 raise PieceError(f"{n.kind} made a piece of shape {v.shape}, expected {n.outputs[k].piece.dims}")
             outs[k][t] = v
     return outs
-
-
-def _piece_attrs(n: Node) -> Any:
-    """Attributes for running the kernel on one piece: ops that name their full output
-    shape (Reshape, Expand) get the piece's shape instead."""
-    if n.kind in ("Reshape", "Expand"):
-        return dataclasses.replace(n.op, dims=n.outputs[0].piece.dims)
-    return n.op

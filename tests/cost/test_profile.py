@@ -1,0 +1,293 @@
+"""The profile DB and ``unity profile``: measuring, the file format, and how optimize uses it.
+
+A tiny MLP is profiled in-process once (a second or so); the rest edits that document.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from models.catalog import mlp_model
+
+from unity_cli.cli import cli
+from unity_cli.cluster import load_cluster
+from unity_cli.cost.comm import Collective, collective_time, groups_time, link_for
+from unity_cli.cost.model import CostConfig, CostContext, node_cost
+from unity_cli.cost.profile import Profile, default_profile_path, load_profile
+from unity_cli.cost.profiler import (
+    TimingPolicy,
+    distinct_pieces,
+    fit_alpha_beta,
+    pieces_of,
+    plan_graphs,
+    run_profile,
+)
+from unity_cli.errors import ProfileError
+from unity_cli.ir import DType
+from unity_cli.ir.pieces import piece_attrs
+from unity_cli.plan.plan import load_plan
+from unity_cli.report.summary import plan_config
+from unity_cli.search.baselines import data_parallel
+from unity_cli.search.optimize import evaluate
+from unity_cli.search.views import default_views
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = REPO / "cluster_specs" / "local-cpu.yaml"
+BIN = Path(sys.executable).parent
+FAST = TimingPolicy(min_repeats=2, min_seconds=0.001, max_repeats=5, max_seconds=5.0)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return load_cluster(LOCAL)
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory) -> Path:
+    return mlp_model(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
+
+
+@pytest.fixture(scope="module")
+def profiled(mlp, cluster) -> Profile:
+    run = run_profile([str(mlp)], cluster, batch_size=8, policy=FAST)
+    assert run.profile is not None and run.rank == 0 and run.ranks == 1
+    assert run.measured == run.pieces > 0 and not run.failed and not run.skipped
+    return run.profile
+
+
+def _without(profile: Profile, kind: str) -> dict:
+    """The profile's document with every entry of op ``kind`` removed."""
+    doc = profile.to_json()
+    table = doc["compute"]["cpu-core"]["dtypes"]["float32"]
+    for k in [k for k, v in table.items() if v["op"] == kind]:
+        del table[k]
+    return doc
+
+
+def _compute_pieces(pcg) -> list:
+    """(node id, piece) of each compute node, in the order ``pieces_of`` yields them."""
+    ids = [i for i, n in pcg if not (n.spec.is_source or n.spec.is_parallel_op)]
+    return list(zip(ids, pieces_of(pcg, DType.FLOAT32), strict=True))
+
+
+def _save(doc: dict, path: Path) -> Path:
+    Profile.from_json(doc).save(path)
+    return path
+
+
+# -- the DB ----------------------------------------------------------------------------------
+
+
+def test_profile_measures_every_piece_of_the_plans(profiled, mlp, cluster):
+    pieces = distinct_pieces(plan_graphs([str(mlp)], cluster, 8), DType.FLOAT32)
+    table = profiled.to_json()["compute"]["cpu-core"]["dtypes"]["float32"]
+    assert set(table) == {p.key for p in pieces}
+    assert {v["op"] for v in table.values()} == {"MatMul", "Unary"}
+    for v in table.values():
+        assert v["fwd_s"] > 0 and v["bwd_s"] > 0 and 2 <= v["repeats"] <= 5
+    machine = profiled.to_json()["machine"]
+    assert machine["backend"] == "numpy" and machine["hostname"] and machine["numpy"]
+
+
+def test_round_trip_is_byte_identical(profiled, tmp_path):
+    a = tmp_path / "a.json"
+    profiled.save(a)
+    loaded = load_profile(a)
+    b = tmp_path / "b.json"
+    loaded.save(b)
+    assert a.read_bytes() == b.read_bytes()
+    assert loaded == profiled and hash(loaded) == hash(profiled) and loaded.sha256 == profiled.sha256
+    assert json.loads(a.read_text())["format"] == "unity-profile/1"
+    assert list(json.loads(a.read_text())) == sorted(json.loads(a.read_text()))
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.update(format="unity-profile/0"), "format"),
+    (lambda d: d.pop("comm"), "comm: missing"),
+    (lambda d: next(iter(d["compute"]["cpu-core"]["dtypes"]["float32"].values())).update(fwd_s=-1.0), "fwd_s"),
+    (lambda d: next(iter(d["compute"]["cpu-core"]["dtypes"]["float32"].values())).update(repeats="5"), "repeats"),
+    (lambda d: d["compute"]["cpu-core"].update(kind="tpu"), "compute.cpu-core.kind"),
+    (lambda d: d["compute"]["cpu-core"]["dtypes"].update(int8={}), "compute.cpu-core.dtypes.int8"),
+    (lambda d: d["comm"]["links"].update({"intra-node": {"latency_s": 1e-6, "bandwidth_Bps": 0, "samples": []}}),
+     "comm.links.intra-node.bandwidth_Bps"),
+    (lambda d: d["comm"]["collectives"].update({"all-sum": {}}), "comm.collectives.all-sum"),
+])
+def test_bad_file_is_one_line_naming_the_field(profiled, tmp_path, edit, field):
+    doc = profiled.to_json()
+    edit(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError) as e:
+        load_profile(bad)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and str(bad) in msg and field in msg, msg
+
+
+def test_bad_file_through_the_cli(tmp_path, mlp):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = CliRunner().invoke(cli, ["optimize", str(mlp), "--cluster", str(LOCAL), "--profile", str(bad),
+                                 "--out", str(tmp_path / "p.json"), "--strategy", "data_parallel"])
+    assert r.exit_code == 1
+    lines = [x for x in r.output.splitlines() if x]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(bad) in lines[0], r.output
+
+
+# -- the cost model --------------------------------------------------------------------------
+
+
+def test_measured_ops_replace_the_roofline(profiled, mlp, cluster, tmp_path):
+    """Relu is left out of the profile: MatMuls cost what was measured, Relu the roofline."""
+    path = _save(_without(profiled, "Unary"), tmp_path / "prof.json")
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["optimize", str(mlp), "--cluster", str(LOCAL), "--batch-size", "8",
+                                 "--strategy", "data_parallel", "--profile", str(path), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert any(str(path) in n for n in json.loads(r.output)["notes"])
+    plan = load_plan(out)
+    prof = load_profile(path)
+    assert plan.config["profile"] == {"path": str(path), "sha256": prof.sha256}
+    config = plan_config(plan)
+    assert config.profile == prof
+    measured = CostContext.of(plan.pcg, plan.cluster, config)
+    roofline = CostContext.of(plan.pcg, plan.cluster, CostConfig())
+    table = prof.to_json()["compute"]["cpu-core"]["dtypes"]["float32"]
+    kinds = set()
+    for i, piece in _compute_pieces(plan.pcg):
+        got = node_cost(measured, i, plan.views)
+        if piece.kind == "MatMul":
+            entry = table[piece.key]
+            assert (got.compute_fwd, got.compute_bwd) == (entry["fwd_s"], entry["bwd_s"])
+        else:
+            assert got == node_cost(roofline, i, plan.views)
+        kinds.add(piece.kind)
+    assert kinds == {"MatMul", "Unary"}
+    plain = evaluate(data_parallel(plan.pcg, cluster), cluster, CostConfig())  # the cache keys on the profile
+    assert plain.report.step_time * 1e3 != pytest.approx(plan.predicted["step_time_ms"], rel=1e-9)
+
+
+def test_measured_links_and_collectives(cluster):
+    """A collective measured at 2 ranks costs its fit; others use the measured link."""
+    doc = {"format": "unity-profile/1", "machine": {}, "settings": {}, "compute": {},
+           "comm": {"device_type": "cpu-core", "device_kind": "cpu", "ranks": 2, "hosts": 1,
+                    "links": {"intra-node": {"latency_s": 3e-6, "bandwidth_Bps": 2e9, "samples": []}},
+                    "collectives": {"all-reduce": {"intra-node": {"ranks": 2, "alpha_s": 7e-6,
+                                                                  "beta_s_per_byte": 1e-9, "samples": []}}}}}
+    prof = Profile.from_json(doc)
+    assert prof.fits(cluster) and prof.num_ops == 0
+    groups = [(0, 1)]
+    assert groups_time(Collective.ALL_REDUCE, 1000, cluster, groups, prof) == pytest.approx(7e-6 + 1e-6)
+    link = link_for(cluster, (0, 1), prof)
+    assert (link.latency, link.bandwidth) == (3e-6, 2e9)
+    assert groups_time(Collective.ALL_GATHER, 1000, cluster, groups, prof) == collective_time(
+        Collective.ALL_GATHER, 1000, 2, link)
+    assert groups_time(Collective.ALL_GATHER, 1000, cluster, groups) == collective_time(
+        Collective.ALL_GATHER, 1000, 2, cluster.link_for((0, 1)))
+
+
+def test_every_piece_of_a_real_model_is_found(shared_models, cluster):
+    """The cost model looks pieces up under the key the profiler stores them by, Reshape's
+    piece attrs and integer Gather indices included (times are fake: nothing is run)."""
+    graphs = plan_graphs([str(shared_models / "bert_tiny.onnx")], cluster, 4)
+    pieces = distinct_pieces(graphs, DType.FLOAT32)
+    assert {"Reshape", "Gather", "MatMul"} <= {p.kind for p in pieces}
+    table = {p.key: {"op": p.kind, "fwd_s": 1e-3 * (k + 1), "bwd_s": 2e-3 * (k + 1), "repeats": 1}
+             for k, p in enumerate(pieces)}
+    doc = {"format": "unity-profile/1", "machine": {}, "settings": {},
+           "compute": {"cpu-core": {"kind": "cpu", "dtypes": {"float32": table}}},
+           "comm": {"device_type": None, "device_kind": None, "ranks": 1, "hosts": 1, "links": {},
+                    "collectives": {}}}
+    config = CostConfig(profile=Profile.from_json(doc))
+    for pcg in graphs:
+        ctx = CostContext.of(pcg, cluster, config)
+        views = default_views(pcg)
+        for i, piece in _compute_pieces(pcg):
+            assert piece.op == piece_attrs(pcg.nodes[i])  # what the runtime runs
+            c = node_cost(ctx, i, views)
+            assert (c.compute_fwd, c.compute_bwd) == (table[piece.key]["fwd_s"], table[piece.key]["bwd_s"]), piece
+
+
+def test_fit_alpha_beta_recovers_a_line():
+    samples = [(n, 2e-6 + n / 5e9) for n in (8, 512, 32768, 2**21)]
+    a, b = fit_alpha_beta(samples)
+    assert a == pytest.approx(2e-6, rel=1e-6) and 1 / b == pytest.approx(5e9, rel=1e-6)
+
+
+# -- the default location --------------------------------------------------------------------
+
+
+def _optimize_json(mlp: Path, out: Path, *extra: str) -> dict:
+    r = CliRunner().invoke(cli, ["optimize", str(mlp), "--cluster", str(LOCAL), "--batch-size", "8",
+                                 "--strategy", "data_parallel", "--out", str(out), "--json", *extra])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_default_location(profiled, mlp, tmp_path):
+    before = _optimize_json(mlp, tmp_path / "before.json")
+    assert not before["notes"] and "profile" not in load_plan(tmp_path / "before.json").config
+    default = default_profile_path("local-cpu")
+    assert default.parent == Path(os.environ["UNITY_PROFILE_DIR"])
+    profiled.save(default)
+    used = _optimize_json(mlp, tmp_path / "used.json")
+    assert any(str(default) in n and "--no-profile" in n for n in used["notes"])
+    assert load_plan(tmp_path / "used.json").config["profile"]["sha256"] == profiled.sha256
+    off = _optimize_json(mlp, tmp_path / "off.json", "--no-profile")
+    assert (tmp_path / "off.json").read_bytes() == (tmp_path / "before.json").read_bytes()
+    assert not off["notes"]
+    other = profiled.to_json()
+    other["compute"]["a100-40gb"] = other["compute"].pop("cpu-core")
+    other["compute"]["a100-40gb"]["kind"] = "gpu"
+    _save(other, default)
+    ignored = _optimize_json(mlp, tmp_path / "ignored.json")
+    assert any("ignored" in n for n in ignored["notes"])
+    assert (tmp_path / "ignored.json").read_bytes() == (tmp_path / "before.json").read_bytes()
+
+
+@pytest.fixture
+def thread_env(monkeypatch):
+    """`unity profile` sets BLAS thread variables in its process: undo them after the test."""
+    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(v, "1")  # records the original value (or its absence) for undo
+        monkeypatch.delenv(v)
+
+
+def test_profile_command_merges_into_the_default_file(mlp, tmp_path, thread_env):
+    r = CliRunner().invoke(cli, ["profile", "--cluster", str(LOCAL), "--model", str(mlp), "--batch-size", "4",
+                                 "--max-seconds", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["profile"] == str(default_profile_path("local-cpu")) and doc["measured"] == doc["pieces"] > 0
+    r = CliRunner().invoke(cli, ["profile", "--cluster", str(LOCAL), "--model", str(mlp), "--batch-size", "2",
+                                 "--max-seconds", "2"])
+    assert r.exit_code == 0, r.output
+    assert "kept" in r.output and "wrote" in r.output
+    assert load_profile(doc["profile"]).num_ops > doc["measured"]
+
+
+# -- communication under MPI -----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not (BIN / "mpiexec").exists(), reason="no mpiexec in the venv")
+def test_mpiexec_measures_links_and_collectives(tmp_path):
+    out = tmp_path / "comm.json"
+    unity = shutil.which("unity", path=str(BIN)) or str(BIN / "unity")
+    r = subprocess.run([str(BIN / "mpiexec"), "-n", "2", unity, "profile", "--cluster", str(LOCAL),
+                        "--out", str(out)], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("wrote") == 1  # rank 0 alone writes and prints
+    comm = load_profile(out).to_json()["comm"]
+    assert comm["ranks"] == 2 and comm["device_type"] == "cpu-core"
+    link = comm["links"]["intra-node"]
+    assert link["latency_s"] > 0 and link["bandwidth_Bps"] > 0
+    for name in ("all-reduce", "all-gather", "broadcast", "reduce"):
+        fit = comm["collectives"][name]["intra-node"]
+        assert fit["ranks"] == 2 and fit["alpha_s"] >= 0 and fit["beta_s_per_byte"] > 0
+    prof = load_profile(out)
+    assert prof.link("intra-node") is not None and prof.collective("all-reduce", "intra-node", 2) is not None

@@ -1,0 +1,92 @@
+"""Helpers for `unity run` tests: plans made once per session, and real mpiexec runs.
+
+Import as ``from runtime.mpirun import ...`` with ``tests/`` on ``sys.path``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from unity_cli.cli import cli
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = REPO / "cluster_specs"
+BIN = Path(sys.executable).parent
+MPIEXEC = BIN / "mpiexec"
+UNITY = BIN / "unity"
+
+
+def rewrite_model(path: Path) -> Path:
+    """y = MatMul(Relu(Concat(MatMul(x, w1), MatMul(x, w2))), w3): two MatMuls share an input,
+    so the search can merge them (Concat(MatMul(a, b), MatMul(a, c)) = MatMul(a, Concat(b, c)))."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+             for n, s in [("w1", (16, 32)), ("w2", (16, 32)), ("w3", (64, 8))]]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+             helper.make_node("MatMul", ["x", "w2"], ["b"], name="mm2"),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1, name="cat"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w3"], ["y"], name="mm3")]
+    g = helper.make_graph(nodes, "rewrite", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+class Plans:
+    """`unity optimize` plans, made once per session and shared by the tests."""
+
+    def __init__(self, root: Path, models: Path):
+        self.root = root
+        self.models = models
+        self.cache: dict[tuple, Path] = {}
+        self.specs = {2: SPECS / "local-cpu.yaml", 4: root / "local-cpu-4.yaml", 1: root / "local-cpu-1.yaml"}
+        text = (SPECS / "local-cpu.yaml").read_text()
+        for n in (1, 4):
+            self.specs[n].write_text(text.replace("devices: 2", f"devices: {n}").replace(
+                "name: local-cpu", f"name: local-cpu-{n}"))
+
+    def model(self, name: str) -> Path:
+        if name == "rewrite":
+            path = self.root / "rewrite.onnx"
+            return path if path.exists() else rewrite_model(path)
+        return self.models / f"{name}.onnx"
+
+    def get(self, name: str, strategy: str, devices: int = 2, batch: int = 4) -> Path:
+        key = (name, strategy, devices, batch)
+        if key not in self.cache:
+            out = self.root / f"{name}-{strategy}-{devices}-{batch}.json"
+            args = ["optimize", str(self.model(name)), "--cluster", str(self.specs[devices]), "--batch-size",
+                    str(batch), "--strategy", strategy, "--out", str(out), "--json"]
+            if strategy == "unity":
+                args += ["--max-candidates", "40"]
+            r = CliRunner().invoke(cli, args)
+            assert r.exit_code == 0, r.output
+            self.cache[key] = out
+        return self.cache[key]
+
+
+def unity_run(plan: Path | str, *args: str, ranks: int | None = 2, timeout: float = 90,
+              env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``mpiexec -n ranks unity run plan args`` (``ranks`` None: without mpiexec)."""
+    cmd = [str(UNITY), "run", str(plan), *args]
+    if ranks is not None:
+        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def run_json(plan: Path | str, *args: str, ranks: int = 2, **kw) -> dict:
+    r = unity_run(plan, "--json", *args, ranks=ranks, **kw)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, r.stdout           # rank 0 only
+    return json.loads(lines[0])

@@ -1,0 +1,92 @@
+"""`unity run` failures: one `error:` line, every rank exits non-zero, never a hang."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+from runtime.mpirun import unity_run
+
+
+def errors(r) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_rank_count_mismatch_says_how_many_and_how_to_replan(plans):
+    plan = plans.get("convnet_tiny", "unity", 4)
+    r = unity_run(plan, ranks=2, timeout=60)
+    assert r.returncode != 0
+    (line,) = errors(r)                              # rank 0 only
+    assert "4 devices" in line and "2 ranks" in line and "mpiexec -n 4" in line
+    assert "cluster_specs/local-cpu.yaml" in line
+    assert "Traceback" not in r.stderr
+
+
+def test_without_mpiexec_is_one_rank(plans):
+    r = unity_run(plans.get("convnet_tiny", "data_parallel", 2), ranks=None, timeout=60)
+    assert r.returncode == 1
+    assert "1 rank" in errors(r)[0]
+    doc = json.loads(unity_run(plans.get("convnet_tiny", "data_parallel", 1), "--json", "--steps", "2", "--check",
+                               ranks=None, timeout=60).stdout)
+    assert doc["ranks"] == 1 and doc["check"]["passed"]
+
+
+def test_model_hash_mismatch(plans, tmp_path):
+    doc = json.loads(plans.get("convnet_tiny", "data_parallel", 2).read_text())
+    doc["model"]["sha256"] = "0" * 64
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    r = unity_run(plan, timeout=60)
+    assert r.returncode != 0
+    (line,) = errors(r)
+    assert "SHA-256" in line and "convnet_tiny.onnx" in line
+
+
+def test_missing_model_file_and_model_override(plans, tmp_path):
+    model = tmp_path / "moved.onnx"
+    shutil.copy(plans.model("convnet_tiny"), model)
+    doc = json.loads(plans.get("convnet_tiny", "data_parallel", 2).read_text())
+    doc["model"]["path"] = "not/there.onnx"
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    r = unity_run(plan, timeout=60)
+    assert r.returncode != 0
+    (line,) = errors(r)
+    assert "not/there.onnx" in line and "not found" in line and "--model" in line
+    r = unity_run(plan, "--model", str(model), "--steps", "1", timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_rank_failing_mid_step_ends_the_job(plans):
+    """Rank 1 fails halfway through a forward pass while rank 0 waits for it: abort, not a hang."""
+    plan = plans.get("bert_tiny", "tensor_parallel", 2)
+    t0 = time.monotonic()
+    r = unity_run(plan, "--steps", "3", env={"UNITY_FAULT_RANK": "1", "UNITY_FAULT_STEP": "1"}, timeout=30)
+    assert time.monotonic() - t0 < 30
+    assert r.returncode != 0
+    line = errors(r)[0]
+    assert line.startswith("error: rank 1:") and "injected fault in step 1" in line
+    assert "Traceback" not in r.stderr
+
+
+def test_check_fails_when_the_plan_computes_something_else(plans, tmp_path):
+    """A plan whose Relu became a Sigmoid still loads, but --check catches it: exit 1 on every rank."""
+    doc = json.loads(plans.get("convnet_tiny", "data_parallel", 2).read_text())
+    relu = next(n for n in doc["pcg"]["nodes"] if n["op"]["kind"] == "Unary" and n["op"]["fn"] == "Relu")
+    relu["op"]["fn"] = "Sigmoid"
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    r = unity_run(plan, "--check", "--steps", "1", "--json", timeout=60)
+    assert r.returncode != 0
+    (line,) = errors(r)
+    assert "--check failed" in line and "step 0: the loss differs" in line
+    report = json.loads(r.stdout)
+    assert report["check"]["passed"] is False and report["check"]["max_rel_err"] > 1e-4
+
+
+def test_bad_options(plans):
+    plan = plans.get("convnet_tiny", "data_parallel", 2)
+    r = unity_run(plan, "--steps", "0", timeout=60)
+    assert r.returncode != 0 and "--steps" in errors(r)[0]
+    r = unity_run(plan, "--data", "nowhere.npz", timeout=60)
+    assert r.returncode != 0 and "nowhere.npz" in errors(r)[0]

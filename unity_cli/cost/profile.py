@@ -1,0 +1,358 @@
+"""The profile DB: measured operator and communication times that replace the roofline.
+
+``unity profile`` writes it; ``unity optimize`` reads it (``--profile``, or the default
+location :func:`default_profile_path` when that file exists and fits the cluster). It is
+one versioned JSON document, written deterministically (sorted keys, floats by ``repr``)
+so that save -> load -> save is byte-identical and its SHA-256 names one measurement::
+
+    {"format": "unity-profile/1",
+     "machine":  {...},   # where it was measured (host, CPU/GPU, numpy/cupy version): for people
+     "settings": {...},   # how (repeats, time caps, models, cluster): for people
+     "compute": {DEVICE TYPE: {"kind": "cpu" | "gpu",
+                               "dtypes": {DTYPE: {PIECE KEY: {"op": KIND, "fwd_s": s, "bwd_s": s,
+                                                              "repeats": n}}}}},
+     "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
+              "links": {LINK KIND: {"latency_s": s, "bandwidth_Bps": b, "samples": [[bytes, s], ...]}},
+              "collectives": {COLLECTIVE: {LINK KIND: {"ranks": p, "alpha_s": s, "beta_s_per_byte": s,
+                                                       "samples": [[bytes, s], ...]}}}}}
+
+``DEVICE TYPE`` is the cluster spec's device type key (``cpu-core``); a ``PIECE KEY``
+(:func:`piece_key`) is the canonical attrs of the op as one piece runs it plus the shapes of
+its input and output pieces; ``LINK KIND`` is ``intra-node`` or ``inter-node``; a
+``COLLECTIVE`` is a :class:`~unity_cli.cost.comm.Collective` value, fitted as
+``alpha + beta * bytes`` at ``p`` ranks with the byte counts of ``cost.comm``. Times are
+medians of repeats after a warm-up.
+
+Only ``compute`` and ``comm`` feed the cost model; ``machine`` and ``settings`` reach a
+plan only through the profile's content hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ..cluster.spec import ClusterSpec, DeviceType
+from ..errors import ProfileError
+from ..ir.dtypes import DType
+from ..ir.opspec import attrs_key
+from ..ir.shapes import TensorShape
+from ..jsonfile import read_json
+from .comm import INTER_NODE, INTRA_NODE, Collective
+
+FORMAT = "unity-profile/1"
+LINK_KINDS = (INTRA_NODE, INTER_NODE)
+COLLECTIVES = tuple(c.value for c in Collective)
+PROFILE_DIR_ENV = "UNITY_PROFILE_DIR"
+_TOP_KEYS = ("comm", "compute", "format", "machine", "settings")
+_FLOAT_DTYPES = tuple(d.value for d in DType if d.is_float)
+
+
+def piece_key(op: Any, inputs: Sequence[TensorShape], outputs: Sequence[TensorShape]) -> str:
+    """The DB key of one operator piece: ``<canonical attrs>|<input pieces>-><output pieces>``,
+    e.g. ``{"kind":"Relu"...}|float32[4,32]->float32[4,32]``. ``op`` is the attrs the piece
+    runs with (:func:`unity_cli.cost.compute.piece_op`), shapes are piece shapes."""
+    return f"{attrs_key(op)}|{';'.join(map(str, inputs))}->{';'.join(map(str, outputs))}"
+
+
+def default_profile_dir() -> Path:
+    """``$UNITY_PROFILE_DIR``, else ``~/.cache/unity/profiles``."""
+    env = os.environ.get(PROFILE_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "unity" / "profiles"
+
+
+def default_profile_path(cluster_name: str) -> Path:
+    """Where ``unity profile`` writes, and ``unity optimize`` looks, by default: one file
+    per cluster name (characters unsafe in a file name become ``_``)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", cluster_name) or "cluster"
+    return default_profile_dir() / f"{safe}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    """Measured seconds of one piece, forward and backward (medians of ``repeats``)."""
+
+    op: str
+    fwd: float
+    bwd: float
+    repeats: int
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFit:
+    """A measured point-to-point link: ``latency + bytes / bandwidth`` seconds."""
+
+    latency: float
+    bandwidth: float
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFit:
+    """A collective of ``ranks`` ranks, fitted as ``alpha + beta * bytes`` seconds."""
+
+    ranks: int
+    alpha: float
+    beta: float
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + self.beta * nbytes
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """A loaded, validated profile DB. Immutable; equal and hashed by content (SHA-256 of
+    its canonical text), so a :class:`~unity_cli.cost.model.CostConfig` holding one can key
+    caches. ``source`` (where it was read from) is not content."""
+
+    text: str
+    source: str | None = None
+    sha256: str = field(init=False)
+    _ops: Mapping[tuple[str, str, str], Mapping[str, OpTime]] = field(init=False, repr=False)
+    _links: Mapping[str, LinkFit] = field(init=False, repr=False)
+    _collectives: Mapping[tuple[str, str], CollectiveFit] = field(init=False, repr=False)
+    _types: frozenset[tuple[str, str]] = field(init=False, repr=False)
+    _hash: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        data = json.loads(self.text)
+        ops, links, colls, comm_type = _validate(data)
+        digest = hashlib.sha256(self.text.encode()).hexdigest()
+        object.__setattr__(self, "sha256", digest)
+        object.__setattr__(self, "_hash", int(digest[:16], 16))
+        object.__setattr__(self, "_ops", MappingProxyType(ops))
+        object.__setattr__(self, "_links", MappingProxyType(links))
+        object.__setattr__(self, "_collectives", MappingProxyType(colls))
+        types = {(name, kind) for name, kind, _ in ops}
+        if comm_type is not None and (links or colls):
+            types.add(comm_type)
+        object.__setattr__(self, "_types", frozenset(types))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Profile) and other.sha256 == self.sha256
+
+    # -- building and writing ----------------------------------------------------------
+
+    @staticmethod
+    def from_json(data: Any, source: str | None = None) -> Profile:
+        """Validate a document (a :class:`ProfileError` names the field) and freeze it."""
+        try:
+            text = dumps(data)
+        except (TypeError, ValueError) as e:
+            raise ProfileError(f"not a JSON profile: {e}") from None
+        return Profile(text, source)
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(self.text)
+
+    def save(self, path: str | os.PathLike) -> None:
+        p = Path(path)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_text(self.text)
+            tmp.replace(p)  # a reader never sees half a file
+        except OSError as e:
+            raise ProfileError(f"{p}: cannot write the profile: {e.strerror}") from None
+
+    # -- what the cost model asks --------------------------------------------------------
+
+    def op_time(self, device: DeviceType, dtype: str, key: str) -> OpTime | None:
+        """The measured piece on ``device`` (matched by type name and kind) in ``dtype``."""
+        table = self._ops.get((device.name, device.kind.value, dtype))
+        return table.get(key) if table is not None else None
+
+    def link(self, kind: str) -> LinkFit | None:
+        """The measured point-to-point link of a kind (``intra-node``/``inter-node``)."""
+        return self._links.get(kind)
+
+    def collective(self, name: str, link_kind: str, ranks: int) -> CollectiveFit | None:
+        """The fit of a collective over a link kind, if it was measured at ``ranks`` ranks."""
+        fit = self._collectives.get((name, link_kind))
+        return fit if fit is not None and fit.ranks == ranks else None
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(t) for t in self._ops.values())
+
+    @property
+    def device_types(self) -> frozenset[tuple[str, str]]:
+        """(name, kind) of every device type with measurements (compute or comm)."""
+        return self._types
+
+    def fits(self, cluster: ClusterSpec) -> bool:
+        """Whether it measured one of the cluster's device types (same name and kind)."""
+        types = {(n.device.name, n.device.kind.value) for n in cluster.nodes}
+        return bool(types & self.device_types)
+
+    def describe(self) -> str:
+        """``12 op pieces on cpu-core (float32), intra-node link 1.2 us + 5.1 GB/s``."""
+        parts = []
+        by_dev: dict[str, list[str]] = {}
+        for (name, _, dtype), table in sorted(self._ops.items()):
+            by_dev.setdefault(name, []).append(f"{len(table)} {dtype}")
+        if by_dev:
+            parts.append("op pieces on " + ", ".join(f"{k} ({', '.join(v)})" for k, v in by_dev.items()))
+        for kind, fit in sorted(self._links.items()):
+            parts.append(f"{kind} link {fit.latency * 1e6:.2f} us + {fit.bandwidth / 1e9:.2f} GB/s")
+        return "; ".join(parts) or "no measurements"
+
+
+def dumps(data: Any) -> str:
+    """The canonical text of a profile document."""
+    return json.dumps(data, sort_keys=True, indent=1, allow_nan=False) + "\n"
+
+
+def load_profile(path: str | os.PathLike, source: str | None = None) -> Profile:
+    """Read and validate a profile; every problem is one :class:`ProfileError` line naming
+    the file and the field. ``source`` (default: ``path``) is how a plan will name it."""
+    p = Path(path)
+    data = read_json(p, ProfileError, "profile")
+    try:
+        return Profile.from_json(data, source if source is not None else str(path))
+    except ProfileError as e:
+        raise ProfileError(f"{p}: {e}") from None
+
+
+# ---------------------------------------------------------------------------
+# Validation: the shape of the document, field by field.
+
+
+def _obj(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ProfileError(f"{where}: expected an object, got {type(v).__name__}")
+    return v
+
+
+def _num(v: Any, where: str, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        want = "a positive number" if positive else "a non-negative number"
+        raise ProfileError(f"{where}: expected {want}, got {v!r}")
+    return float(v)
+
+
+def _int(v: Any, where: str, least: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ProfileError(f"{where}: expected an integer >= {least}, got {v!r}")
+    return v
+
+
+def _keys(d: dict[str, Any], where: str, required: Sequence[str], optional: Sequence[str] = ()) -> None:
+    for k in required:
+        if k not in d:
+            raise ProfileError(f"{where}.{k}: missing" if where else f"{k}: missing")
+    extra = sorted(set(d) - set(required) - set(optional))
+    if extra:
+        at = f"{where}.{extra[0]}" if where else extra[0]
+        raise ProfileError(f"{at}: unknown field")
+
+
+def _samples(v: Any, where: str) -> None:
+    if not isinstance(v, list) or any(not isinstance(s, list) or len(s) != 2 for s in v):
+        raise ProfileError(f"{where}: expected a list of [bytes, seconds] pairs")
+    for k, (n, t) in enumerate(v):
+        _num(n, f"{where}[{k}][0]")
+        _num(t, f"{where}[{k}][1]")
+
+
+def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None]:
+    """The lookup tables of a document, or a ProfileError naming the bad field."""
+    data = _obj(data, "the profile")
+    if data.get("format") != FORMAT:
+        raise ProfileError(f"format: expected {FORMAT!r}, got {data.get('format')!r}")
+    _keys(data, "", _TOP_KEYS)
+    _obj(data["machine"], "machine")
+    _obj(data["settings"], "settings")
+    ops: dict[tuple[str, str, str], dict[str, OpTime]] = {}
+    for dev, entry in sorted(_obj(data["compute"], "compute").items()):
+        where = f"compute.{dev}"
+        _keys(_obj(entry, where), where, ("dtypes", "kind"))
+        kind = entry["kind"]
+        if kind not in ("cpu", "gpu"):
+            raise ProfileError(f"{where}.kind: expected 'cpu' or 'gpu', got {kind!r}")
+        for dtype, table in sorted(_obj(entry["dtypes"], f"{where}.dtypes").items()):
+            at = f"{where}.dtypes.{dtype}"
+            if dtype not in _FLOAT_DTYPES:
+                raise ProfileError(f"{at}: not a float dtype (expected one of {', '.join(_FLOAT_DTYPES)})")
+            out: dict[str, OpTime] = {}
+            for key, t in sorted(_obj(table, at).items()):
+                w = f"{at}[{key!r}]"
+                _keys(_obj(t, w), w, ("bwd_s", "fwd_s", "op", "repeats"))
+                if not isinstance(t["op"], str) or not t["op"]:
+                    raise ProfileError(f"{w}.op: expected an operator kind, got {t['op']!r}")
+                out[key] = OpTime(t["op"], _num(t["fwd_s"], f"{w}.fwd_s"), _num(t["bwd_s"], f"{w}.bwd_s"),
+                                  _int(t["repeats"], f"{w}.repeats", 1))
+            ops[(dev, kind, dtype)] = MappingProxyType(out)
+    comm = _obj(data["comm"], "comm")
+    _keys(comm, "comm", ("collectives", "device_kind", "device_type", "hosts", "links", "ranks"))
+    if comm["device_type"] is not None and not isinstance(comm["device_type"], str):
+        raise ProfileError(f"comm.device_type: expected a device type name or null, got {comm['device_type']!r}")
+    if comm["device_kind"] not in ("cpu", "gpu", None):
+        raise ProfileError(f"comm.device_kind: expected 'cpu', 'gpu' or null, got {comm['device_kind']!r}")
+    if (comm["device_type"] is None) != (comm["device_kind"] is None):
+        raise ProfileError("comm.device_kind: given without comm.device_type, or the other way round")
+    comm_type = (comm["device_type"], comm["device_kind"]) if comm["device_type"] is not None else None
+    ranks = _int(comm["ranks"], "comm.ranks", 1)
+    _int(comm["hosts"], "comm.hosts", 1)
+    links: dict[str, LinkFit] = {}
+    for kind, fit in sorted(_obj(comm["links"], "comm.links").items()):
+        where = f"comm.links.{kind}"
+        if kind not in LINK_KINDS:
+            raise ProfileError(f"{where}: unknown link kind (expected one of {', '.join(LINK_KINDS)})")
+        _keys(_obj(fit, where), where, ("bandwidth_Bps", "latency_s", "samples"))
+        _samples(fit["samples"], f"{where}.samples")
+        links[kind] = LinkFit(_num(fit["latency_s"], f"{where}.latency_s"),
+                              _num(fit["bandwidth_Bps"], f"{where}.bandwidth_Bps", positive=True))
+    colls: dict[tuple[str, str], CollectiveFit] = {}
+    for name, per_link in sorted(_obj(comm["collectives"], "comm.collectives").items()):
+        if name not in COLLECTIVES:
+            raise ProfileError(f"comm.collectives.{name}: unknown collective (expected one of "
+                               f"{', '.join(COLLECTIVES)})")
+        for kind, fit in sorted(_obj(per_link, f"comm.collectives.{name}").items()):
+            where = f"comm.collectives.{name}.{kind}"
+            if kind not in LINK_KINDS:
+                raise ProfileError(f"{where}: unknown link kind (expected one of {', '.join(LINK_KINDS)})")
+            _keys(_obj(fit, where), where, ("alpha_s", "beta_s_per_byte", "ranks", "samples"))
+            _samples(fit["samples"], f"{where}.samples")
+            colls[(name, kind)] = CollectiveFit(_int(fit["ranks"], f"{where}.ranks", 2),
+                                                _num(fit["alpha_s"], f"{where}.alpha_s"),
+                                                _num(fit["beta_s_per_byte"], f"{where}.beta_s_per_byte"))
+            if colls[(name, kind)].ranks > ranks:
+                raise ProfileError(f"{where}.ranks: {fit['ranks']} is more than comm.ranks ({ranks})")
+    return ops, links, colls, comm_type
+
+
+def profile_for(cluster: ClusterSpec, path: str | None = None, use_default: bool = True
+                ) -> tuple[Profile | None, str | None]:
+    """The profile ``unity optimize`` plans with, and a note saying which (or why none).
+
+    ``path`` is used whatever it holds; without it, the default location for the
+    cluster's name is used when that file exists and measured one of the cluster's
+    device types. A malformed file is an error either way: it is never skipped silently.
+    """
+    if path is not None:
+        prof = load_profile(path)
+        if not prof.fits(cluster):
+            return prof, (f"profile {path} measured none of cluster {cluster.name!r}'s device types; "
+                          "operators keep their roofline estimates")
+        return prof, f"profile {path}: {prof.describe()}"
+    default = default_profile_path(cluster.name)
+    if not use_default or not default.is_file():
+        return None, None
+    try:
+        prof = load_profile(default)
+    except ProfileError as e:
+        raise ProfileError(f"{e} (the default profile of cluster {cluster.name!r}: rerun unity profile, "
+                           "or pass --no-profile)") from None
+    if not prof.fits(cluster):
+        return None, f"ignored {default}: it measured none of cluster {cluster.name!r}'s device types"
+    return prof, f"using the measured profile {default} ({prof.describe()}); --no-profile plans without it"

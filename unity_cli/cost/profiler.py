@@ -1,0 +1,559 @@
+"""Measuring the profile DB (``unity profile``): operator pieces and communication.
+
+Compute: the distinct operator pieces that plans for the given models use (the plain
+graph and every baseline of :data:`unity_cli.search.baselines.STRATEGIES` on the cluster,
+plus any saved plans) are run through the runtime's own kernels
+(:mod:`unity_cli.runtime.kernels`) on realistic random inputs, forward then backward: one
+warm-up, then repeats until both ``min_repeats`` and ``min_seconds`` are reached (at most
+``max_repeats``); the median of each is kept. numpy is timed with ``perf_counter``; cupy
+with CUDA events around each call. ``max_seconds`` caps all of it: pieces left when it
+runs out stay unmeasured and the cost model gives them the roofline.
+
+Communication, under an MPI launcher with two or more ranks: ping-pong between rank 0 and
+a rank on its node (intra-node) and one on another node (inter-node) over message sizes
+from 8 B to 4 MiB, and all-reduce, all-gather, reduce-scatter, broadcast and reduce over
+all ranks, through the runtime's :class:`~unity_cli.runtime.comm.Comm` (MPI for numpy,
+NCCL for cupy); each is fitted as ``alpha + beta * bytes`` by least squares on relative
+error. Every rank measures compute too (as under ``unity run``, where every rank
+computes at once); rank 0 alone writes the file.
+
+This module sits on top of the stack, like the CLI: it builds plans' graphs (importer,
+baselines) to know what to measure. The cost model reads only the DB (``profile.py``).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..cluster.spec import ClusterSpec, DeviceKind, DeviceType
+from ..errors import ProfileError, UnityError, UsageError
+from ..ir.dtypes import DType
+from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
+from ..ir.ops.gather_reduce import GatherAttrs, GatherNDAttrs
+from ..ir.ops.norm import BatchNormAttrs
+from ..ir.pcg import PCG
+from ..ir.shapes import TensorShape
+from .comm import INTER_NODE, INTRA_NODE, Collective
+from .compute import as_compute_dtype, piece_op
+from .profile import FORMAT, Profile, piece_key
+
+MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "HYDI_CONTROL_FD", "PMIX_RANK", "MPI_LOCALNRANKS")
+"""Variables an MPI launcher (MPICH's hydra, Open MPI, PMIx) sets in every rank."""
+
+MESSAGE_SIZES = tuple(8 * 8**k for k in range(8))  # 8 B .. 16 MiB, a factor of 8 apart
+_BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass(frozen=True, slots=True)
+class TimingPolicy:
+    """How long to time each piece, and all of them together (see the module docstring)."""
+
+    warmup: int = 1
+    min_repeats: int = 5
+    min_seconds: float = 0.02
+    max_repeats: int = 50
+    max_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One distinct operator piece: the attrs it runs with and its piece shapes."""
+
+    op: Any
+    kind: str
+    inputs: tuple[TensorShape, ...]
+    outputs: tuple[TensorShape, ...]
+
+    @property
+    def key(self) -> str:
+        return piece_key(self.op, self.inputs, self.outputs)
+
+    def __str__(self) -> str:
+        return f"{self.kind}({', '.join(map(str, self.inputs))}) -> {', '.join(map(str, self.outputs))}"
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    """What a profiling run measured; ``profile`` is None on ranks other than 0."""
+
+    profile: Profile | None
+    pieces: int                    # distinct pieces the plans use
+    measured: int
+    skipped: int                   # left unmeasured when max_seconds ran out
+    failed: tuple[str, ...]        # "piece: why" for pieces whose kernels failed
+    seconds: float
+    ranks: int
+    rank: int
+    kept: int = 0                  # entries kept from the file it merged into
+
+    def summary(self, path: str) -> str:
+        """The few lines ``unity profile`` prints."""
+        assert self.profile is not None
+        settings = self.profile.to_json()["settings"]
+        machine = self.profile.to_json()["machine"]
+        line = (f"profiled {settings['device_type']} ({settings['dtype']}, {machine['backend']}) in "
+                f"{self.seconds:.1f} s: " + (f"{self.measured} of {self.pieces} op pieces" if self.pieces else
+                                             "no op pieces (give --model or --plan)"))
+        if self.skipped:
+            line += f"; {self.skipped} left on the roofline (--max-seconds ran out)"
+        lines = [line]
+        lines += [f"failed   {f}" for f in self.failed[:5]]
+        if len(self.failed) > 5:
+            lines.append(f"failed   ... and {len(self.failed) - 5} more")
+        comm = self.profile.to_json()["comm"]
+        if self.ranks > 1:
+            parts = [f"{k} link {v['latency_s'] * 1e6:.2f} us + {v['bandwidth_Bps'] / 1e9:.2f} GB/s"
+                     for k, v in sorted(comm["links"].items())]
+            parts += [f"{name} {fit['alpha_s'] * 1e6:.1f} us + {1e-9 / fit['beta_s_per_byte']:.2f} GB/s"
+                      for name, per in sorted(comm["collectives"].items()) for fit in per.values()
+                      if fit["beta_s_per_byte"] > 0]
+            lines.append(f"comm     {self.ranks} ranks: " + "; ".join(parts))
+        else:
+            lines.append("comm     not measured (run under mpiexec -n 2 or more to measure links and collectives)")
+        kept = f" (kept {self.kept} earlier entries)" if self.kept else ""
+        lines.append(f"wrote    {path}{kept}")
+        return "\n".join(lines)
+
+    def to_json(self, path: str) -> dict[str, Any]:
+        assert self.profile is not None
+        return {"profile": path, "sha256": self.profile.sha256, "pieces": self.pieces, "measured": self.measured,
+                "skipped": self.skipped, "failed": list(self.failed), "kept": self.kept, "ranks": self.ranks,
+                "seconds": round(self.seconds, 3), "comm": self.profile.to_json()["comm"]}
+
+
+# ---------------------------------------------------------------------------
+# What to measure.
+
+
+def pieces_of(pcg: PCG, dtype: DType) -> Iterable[Piece]:
+    """The compute pieces of a graph (parallel ops and sources have none), float tensors
+    in ``dtype`` as the cost model computes them."""
+    for _, n in pcg:
+        if n.spec.is_source or n.spec.is_parallel_op:
+            continue
+        ins = tuple(as_compute_dtype(pcg.shape(r).piece, dtype) for r in n.inputs)
+        outs = tuple(as_compute_dtype(s.piece, dtype) for s in n.outputs)
+        yield Piece(piece_op(n.op, n.outputs[0]), n.kind, ins, outs)
+
+
+def distinct_pieces(pcgs: Iterable[PCG], dtype: DType) -> list[Piece]:
+    """Every distinct piece of the graphs, in first-seen order."""
+    seen: dict[str, Piece] = {}
+    for pcg in pcgs:
+        for p in pieces_of(pcg, dtype):
+            seen.setdefault(p.key, p)
+    return list(seen.values())
+
+
+def plan_graphs(models: Sequence[str], cluster: ClusterSpec, batch_size: int | None = None,
+                plans: Sequence[str] = ()) -> list[PCG]:
+    """The graphs whose pieces to measure: each model's plain graph and its baselines on
+    ``cluster`` (a baseline that does not apply to a model is left out), and saved plans."""
+    from ..onnx_import import ImportOptions, import_model  # noqa: PLC0415  (see the module docstring)
+    from ..plan.plan import load_plan  # noqa: PLC0415
+    from ..search.baselines import STRATEGIES  # noqa: PLC0415
+
+    out: list[PCG] = []
+    for m in models:
+        pcg = import_model(m, ImportOptions(batch_size, {})).pcg
+        out.append(pcg)
+        for build in STRATEGIES.values():
+            try:
+                out.append(build(pcg, cluster).pcg)
+            except UnityError:
+                continue
+    out.extend(load_plan(p).pcg for p in plans)
+    return out
+
+
+def pick_device_type(cluster: ClusterSpec, kind: DeviceKind, name: str | None = None) -> DeviceType:
+    """The cluster's device type this machine's devices stand for: ``name``, or the only
+    one of this machine's kind."""
+    types = {n.device.name: n.device for n in cluster.nodes}
+    if name is not None:
+        if name not in types:
+            raise UsageError(f"--device-type {name!r}: cluster {cluster.name!r} has {', '.join(sorted(types))}")
+        if types[name].kind is not kind:
+            raise UsageError(f"--device-type {name!r} is a {types[name].kind.value} type, but this machine "
+                             f"profiles its {kind.value}s")
+        return types[name]
+    fits = sorted(t for t, d in types.items() if d.kind is kind)
+    if len(fits) == 1:
+        return types[fits[0]]
+    if not fits:
+        raise UsageError(f"cluster {cluster.name!r} has no {kind.value} device type ({', '.join(sorted(types))}); "
+                         f"profile on a machine with those devices, or profile a cluster spec of this one")
+    raise UsageError(f"cluster {cluster.name!r} has several {kind.value} device types ({', '.join(fits)}); "
+                     f"pick the one this machine has with --device-type")
+
+
+# ---------------------------------------------------------------------------
+# The array backend and its clock.
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array module and a clock that times one call on it."""
+
+    name: str                     # "numpy" | "cupy"
+    xp: Any
+    kind: DeviceKind
+    clock: Callable[[Callable[[], Any]], tuple[Any, float]]
+    sync: Callable[[], None]
+
+
+def _cpu_clock(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def numpy_backend() -> Backend:
+    return Backend("numpy", np, DeviceKind.CPU, _cpu_clock, lambda: None)
+
+
+def cupy_backend(rank: int = 0) -> Backend:
+    """cupy on this rank's GPU (``rank`` modulo the GPUs), timed with CUDA events."""
+    import cupy  # noqa: PLC0415  (only on GPUs)
+
+    cupy.cuda.Device(rank % cupy.cuda.runtime.getDeviceCount()).use()
+
+    def clock(fn: Callable[[], Any]) -> tuple[Any, float]:
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return out, cupy.cuda.get_elapsed_time(start, end) / 1e3
+
+    return Backend("cupy", cupy, DeviceKind.GPU, clock, lambda: cupy.cuda.get_current_stream().synchronize())
+
+
+def pick_backend(name: str = "auto", rank: int = 0) -> Backend:
+    """``numpy``, ``cupy``, or ``auto``: cupy if it imports and sees a GPU."""
+    if name == "numpy":
+        return numpy_backend()
+    try:
+        import cupy  # noqa: PLC0415
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy_backend(rank)
+    except Exception as e:  # noqa: BLE001  (any cupy/driver failure: no GPU)
+        if name == "cupy":
+            raise UsageError(f"--backend cupy: cupy cannot use a GPU here ({type(e).__name__}: {e})") from None
+    if name == "cupy":
+        raise UsageError("--backend cupy: cupy sees no GPU here")
+    return numpy_backend()
+
+
+def blas_threads_for(cluster: ClusterSpec, device: DeviceType, environ: dict[str, str] | None = None) -> int | None:
+    """Limit BLAS to the cores one device of ``device`` gets (the node's cores divided by
+    its devices of that type, as ``unity run`` gives each rank), before numpy starts its
+    threads; returns the count set, or None when the user set one or it is a GPU."""
+    env = os.environ if environ is None else environ
+    if device.kind is not DeviceKind.CPU or any(v in env for v in _BLAS_VARS):
+        return None
+    per_node = max((n.devices for n in cluster.nodes if n.device.name == device.name), default=1)
+    threads = max(1, (os.cpu_count() or 1) // per_node)
+    for v in _BLAS_VARS:
+        env[v] = str(threads)
+    return threads
+
+
+def machine_info(backend: Backend) -> dict[str, Any]:
+    """Where the profile was measured, for the person reading it."""
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count() or 1,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "backend": backend.name,
+        "blas_threads": next((os.environ[v] for v in _BLAS_VARS if v in os.environ), "default"),
+        "unity": __version__,
+    }
+    if backend.name == "cupy":
+        cupy = backend.xp
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props.get("name", b"gpu")
+        info["gpu"] = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        info["cupy"] = cupy.__version__
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ---------------------------------------------------------------------------
+# Timing one piece.
+
+
+def _positive_inputs(op: Any) -> frozenset[int]:
+    """Inputs that must be positive for the op to stay finite (roots, logs, divisors, variances)."""
+    match op:
+        case UnaryAttrs(fn=fn) if fn in ("Sqrt", "Log", "Reciprocal"):
+            return frozenset({0})
+        case BinaryAttrs(fn="Pow"):
+            return frozenset({0})
+        case BinaryAttrs(fn="Div" | "Mod"):
+            return frozenset({1})
+        case BatchNormAttrs():
+            return frozenset({4})
+    return frozenset()
+
+
+def make_inputs(piece: Piece, xp: Any, rng: np.random.Generator) -> list[Any]:
+    """Random inputs a real step would feed the piece: normal floats (uniform in [0.5, 1.5)
+    where the op needs positive values), valid indices for Gather/GatherND, small
+    positive integers otherwise, random booleans."""
+    positive = _positive_inputs(piece.op)
+    out = []
+    for k, s in enumerate(piece.inputs):
+        dt = s.dtype.numpy
+        if s.dtype.is_float:
+            a = rng.uniform(0.5, 1.5, s.dims) if k in positive else rng.standard_normal(s.dims)
+        elif s.dtype is DType.BOOL:
+            a = rng.random(s.dims) < 0.5
+        elif k == 1 and isinstance(piece.op, GatherAttrs):
+            a = rng.integers(0, max(1, piece.inputs[0].dims[piece.op.axis]), s.dims)
+        elif k == 1 and isinstance(piece.op, GatherNDAttrs):
+            data = piece.inputs[0].dims[piece.op.batch_dims:]
+            a = np.stack([rng.integers(0, max(1, data[j]), s.dims[:-1]) for j in range(s.dims[-1])], axis=-1) \
+                if s.dims[-1] else np.zeros(s.dims)
+        else:
+            a = rng.integers(1, 8, s.dims)
+        out.append(xp.asarray(np.asarray(a).astype(dt)))
+    return out
+
+
+def time_piece(piece: Piece, backend: Backend, policy: TimingPolicy, rng: np.random.Generator,
+               deadline: float) -> tuple[float, float, int]:
+    """Median forward and backward seconds of a piece, and the repeats they come from."""
+    from ..runtime.kernels import backward, forward  # noqa: PLC0415  (the runtime's own kernels)
+
+    xp = backend.xp
+    xs = make_inputs(piece, xp, rng)
+    grads = [xp.asarray(rng.standard_normal(s.dims).astype(s.dtype.numpy)) if s.dtype.is_float else None
+             for s in piece.outputs]
+    for _ in range(policy.warmup):
+        _, ctx = forward(piece.op, xs, xp)
+        backward(piece.op, ctx, grads, xp)
+    backend.sync()
+    fwd: list[float] = []
+    bwd: list[float] = []
+    start = time.perf_counter()
+    while True:
+        (_, ctx), tf = backend.clock(lambda: forward(piece.op, xs, xp))
+        _, tb = backend.clock(lambda c=ctx: backward(piece.op, c, grads, xp))
+        fwd.append(tf)
+        bwd.append(tb)
+        now = time.perf_counter()
+        n = len(fwd)
+        if (n >= policy.max_repeats or (n >= policy.min_repeats and now - start >= policy.min_seconds)
+                or now >= deadline):
+            return statistics.median(fwd), statistics.median(bwd), n
+
+
+def measure_compute(pieces: Sequence[Piece], backend: Backend, policy: TimingPolicy,
+                    progress: Callable[[int, int, str], None] | None = None
+                    ) -> tuple[dict[str, dict[str, Any]], int, list[str]]:
+    """DB entries of the pieces measured within ``policy.max_seconds``, how many were left
+    when it ran out, and the pieces whose kernels failed (with why)."""
+    rng = np.random.default_rng(0)
+    deadline = time.perf_counter() + policy.max_seconds
+    entries: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    for k, p in enumerate(pieces):
+        if time.perf_counter() >= deadline:
+            return entries, len(pieces) - k, failed
+        if progress:
+            progress(k, len(pieces), p.kind)
+        try:
+            f, b, n = time_piece(p, backend, policy, rng, deadline)
+        except Exception as e:  # noqa: BLE001  (one bad piece must not end the run; it keeps the roofline)
+            failed.append(f"{p}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        entries[p.key] = {"op": p.kind, "fwd_s": f, "bwd_s": b, "repeats": n}
+    if progress:
+        progress(len(pieces), len(pieces), "")
+    return entries, 0, failed
+
+
+# ---------------------------------------------------------------------------
+# Communication.
+
+
+def launched_by_mpi(environ: dict[str, str] | None = None) -> bool:
+    """Whether an MPI launcher started this process (checked before importing mpi4py,
+    which would initialize MPI)."""
+    env = os.environ if environ is None else environ
+    return any(v in env for v in MPI_ENV)
+
+
+def fit_alpha_beta(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(alpha, beta)`` of ``t = alpha + beta * n`` by least squares on relative error (so
+    small messages, which fix the latency, count as much as large ones); neither negative."""
+    n = np.array([s[0] for s in samples], dtype=float)
+    t = np.array([s[1] for s in samples], dtype=float)
+    w = 1 / np.maximum(t, 1e-12)
+    a, b = np.linalg.lstsq(np.stack([w, n * w], axis=1), t * w, rcond=None)[0]
+    if a < 0:  # all the time is per byte: refit through the origin
+        a, b = 0.0, float(np.sum(n * t * w * w) / np.sum(n * n * w * w))
+    if b <= 0:  # no bandwidth term visible: take the largest message's
+        b = float(t[-1] / max(n[-1], 1.0))
+        a = max(0.0, min(float(a), float(t.min())))
+    return float(a), float(b)
+
+
+def _reps(nbytes: int) -> int:
+    return 50 if nbytes <= 65536 else 10 if nbytes <= 2**20 else 5
+
+
+def measure_comm(comm: Any, backend: Backend, sizes: Sequence[int] = MESSAGE_SIZES) -> dict[str, Any]:
+    """The ``links`` and ``collectives`` sections, measured over every rank of ``comm`` (a
+    :class:`~unity_cli.runtime.comm.Comm`); every rank calls it, rank 0's answer counts."""
+    xp, rank, size = backend.xp, comm.rank, comm.size
+    hosts = comm.allgather_obj(socket.gethostname())
+    everyone = tuple(range(size))
+    comm.setup_groups([everyone])
+    pairs = {INTRA_NODE: next((r for r in range(1, size) if hosts[r] == hosts[0]), None),
+             INTER_NODE: next((r for r in range(1, size) if hosts[r] != hosts[0]), None)}
+    links: dict[str, Any] = {}
+    for kind, partner in pairs.items():
+        if partner is None:
+            continue
+        samples = []
+        for nbytes in sizes:
+            buf = xp.zeros(max(1, nbytes // 4), dtype=np.float32)
+            times = []
+            comm.barrier()
+            for i in range(_reps(nbytes) + 1):
+                t0 = time.perf_counter()
+                if rank == 0:
+                    comm.exchange([(partner, buf)], [], tag=900)
+                    comm.exchange([], [(partner, buf)], tag=901)
+                elif rank == partner:
+                    comm.exchange([], [(0, buf)], tag=900)
+                    comm.exchange([(0, buf)], [], tag=901)
+                comm.sync()
+                if i:  # the first round trip warms the path up
+                    times.append((time.perf_counter() - t0) / 2)
+            samples.append((buf.nbytes, statistics.median(times)))
+        a, b = fit_alpha_beta(samples)
+        links[kind] = {"latency_s": a, "bandwidth_Bps": 1 / b, "samples": [list(s) for s in samples]}
+    link_kind = INTER_NODE if len(set(hosts)) > 1 else INTRA_NODE
+    collectives = {}
+    for coll in (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST,
+                 Collective.REDUCE):
+        samples = []
+        for nbytes in sizes:
+            count = max(size, nbytes // 4 // size * size)  # the whole buffer, in float32s, a multiple of P
+            whole = xp.ones(count, dtype=np.float32)
+            part = xp.ones(count // size, dtype=np.float32)
+            gathered = xp.zeros((size, count // size), dtype=np.float32)
+            times = []
+            for i in range(_reps(nbytes) + 1):
+                comm.barrier()
+                t0 = time.perf_counter()
+                match coll:
+                    case Collective.ALL_REDUCE:
+                        comm.allreduce(everyone, whole)
+                    case Collective.ALL_GATHER:
+                        comm.allgather(everyone, part, gathered)
+                    case Collective.REDUCE_SCATTER:
+                        comm.reduce_scatter(everyone, whole, part)
+                    case Collective.BROADCAST:
+                        comm.bcast(everyone, whole, 0)
+                    case Collective.REDUCE:
+                        comm.reduce(everyone, whole, 0)
+                comm.sync()
+                if i:
+                    times.append(time.perf_counter() - t0)
+            # A collective lasts until its slowest rank is done.
+            slowest = [max(ts) for ts in zip(*comm.allgather_obj(times))]
+            samples.append((whole.nbytes, statistics.median(slowest)))
+        a, b = fit_alpha_beta(samples)
+        collectives[coll.value] = {link_kind: {"ranks": size, "alpha_s": a, "beta_s_per_byte": b,
+                                               "samples": [list(s) for s in samples]}}
+    return {"hosts": len(set(hosts)), "links": links, "collectives": collectives}
+
+
+def _world_comm(backend: Backend) -> Any | None:
+    """The runtime's communicator over every rank, if an MPI launcher started two or more."""
+    if not launched_by_mpi():
+        return None
+    from ..runtime.comm import make_comm, mpi  # noqa: PLC0415  (imports mpi4py: only under a launcher)
+
+    if mpi().COMM_WORLD.Get_size() < 2:
+        return None
+    return make_comm(backend.name)
+
+
+# ---------------------------------------------------------------------------
+# The whole run.
+
+
+def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int | None = None,
+                dtype: DType = DType.FLOAT32, policy: TimingPolicy = TimingPolicy(), plans: Sequence[str] = (),
+                device_type: str | None = None, backend: str = "numpy", merge_into: Profile | None = None,
+                progress: Callable[[int, int, str], None] | None = None) -> ProfileRun:
+    """Measure the pieces plans for ``models`` use on ``cluster``, and communication when
+    run under MPI with two or more ranks; the profile (on rank 0) merges into
+    ``merge_into``'s entries, replacing those measured again."""
+    t0 = time.perf_counter()
+    rank_hint = int(next((os.environ[v] for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+                          if v in os.environ), "0") or 0)
+    bk = pick_backend(backend, rank_hint)
+    device = pick_device_type(cluster, bk.kind, device_type)
+    comm = _world_comm(bk)
+    rank, ranks = (comm.rank, comm.size) if comm is not None else (0, 1)
+    pieces = distinct_pieces(plan_graphs(models, cluster, batch_size, plans), dtype)
+    entries, skipped, failed = measure_compute(pieces, bk, policy, progress if rank == 0 else None)
+    comm_doc: dict[str, Any] = {"hosts": 1, "links": {}, "collectives": {}}
+    if comm is not None:
+        comm.barrier()
+        comm_doc = measure_comm(comm, bk)
+    seconds = time.perf_counter() - t0
+    if rank != 0:
+        return ProfileRun(None, len(pieces), len(entries), skipped, tuple(failed), seconds, ranks, rank)
+    doc = merge_into.to_json() if merge_into is not None else _empty()
+    kept = sum(len(t) for dev in doc["compute"].values() for t in dev["dtypes"].values())
+    dev = doc["compute"].setdefault(device.name, {"kind": device.kind.value, "dtypes": {}})
+    if dev["kind"] != device.kind.value:
+        raise ProfileError(f"compute.{device.name}.kind: the profile holds a {dev['kind']} device of this name, "
+                           f"this one is a {device.kind.value}")
+    table = dev["dtypes"].setdefault(dtype.value, {})
+    kept -= sum(1 for k in entries if k in table)
+    table.update(entries)
+    if comm is not None:
+        doc["comm"] = {"device_type": device.name, "device_kind": device.kind.value, "ranks": ranks, **comm_doc}
+    doc["machine"] = machine_info(bk)
+    doc["settings"] = {"cluster": cluster.name, "device_type": device.name, "dtype": dtype.value,
+                       "models": list(models), "plans": list(plans), "batch_size": batch_size,
+                       "ranks": ranks, "timing": asdict(policy)}
+    return ProfileRun(Profile.from_json(doc), len(pieces), len(entries), skipped, tuple(failed), seconds, ranks,
+                      rank, kept)
+
+
+def _empty() -> dict[str, Any]:
+    return {"format": FORMAT, "machine": {}, "settings": {}, "compute": {},
+            "comm": {"device_type": None, "device_kind": None, "ranks": 1, "hosts": 1, "links": {},
+                     "collectives": {}}}

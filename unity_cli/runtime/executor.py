@@ -1,0 +1,452 @@
+"""One rank's share of a training step: run the program's steps, forward then backward.
+
+Like torch.fx's Interpreter, every node goes through one dispatch point (a compute task
+through ``kernels.forward``/``backward``, a parallel op through its assembly rule), values
+are freed after their last read, and a failure is re-raised as "node X: ...". What a
+step sends and receives is worked out once, when the executor is built, from the global
+:class:`~.program.Program`, so a training step only posts buffers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import RunError
+from ..ir.pcg import TensorRef
+from ..ir.pieces import piece_attrs, piece_region
+from . import kernels
+from .comm import Comm
+from .loss import LossKind, loss_and_grad, loss_count
+from .program import LOCAL, Assemble, Collective, CollectiveKind, Program, Read, Step, StepKind, Task
+from .weights import ParamStore
+
+LOSS_TAG = 32001
+GRAD_TAG = 32002
+
+
+@dataclass
+class _Mine:
+    """What this rank does in one step (precomputed)."""
+
+    step: Step
+    tag: int
+    active: bool                                     # backward runs for the step's node
+    task: Task | None = None
+    ti: int = -1
+    recv: list[tuple[int, int, tuple[int, ...], Any]] = field(default_factory=list)  # (read, src, shape, dtype)
+    send: list[tuple[int, Read]] = field(default_factory=list)                     # (dest, read)
+    colls: list[Collective] = field(default_factory=list)
+    covered: set[int] = field(default_factory=set)   # reads of my task a collective supplies
+    gather: tuple[int, int, int] | None = None        # Gather of a split table: (offset, rows, table rows)
+    attrs: Any = None
+    free: list[TensorRef] = field(default_factory=list)
+
+
+class Executor:
+    """Runs training steps of a program on one rank.
+
+    ``params`` keeps the trainable weights, ``constants`` maps the names of the other
+    Weight sources to their values; graph inputs come with each :meth:`step`.
+    """
+
+    def __init__(self, program: Program, comm: Comm, xp: Any, params: ParamStore, loss: LossKind,
+                 constants: Mapping[str, np.ndarray]):
+        self.p = program
+        self.comm = comm
+        self.xp = xp
+        self.params = params
+        self.loss_kind = loss
+        self.constants = constants
+        self.me = comm.rank
+        self.mine = [self._plan_step(k, s) for k, s in enumerate(program.steps)]
+        self._resident = params.residents()
+        self._cut: dict[tuple, Any] = {}           # constants' pieces, cut once
+        self._fed: dict[Any, Any] = {}             # this step's inputs' pieces
+        self._inputs: Mapping[str, Any] = {}
+        self._lead = next((g for g in program.loss_groups if g.leader == self.me), None)
+        self._member = next((g for g in program.loss_groups for r, _, _ in g.members if r == self.me), None)
+        self.loss_count = loss_count(loss, program.pcg.shape(program.output).sizes)
+
+    # -- planning ------------------------------------------------------------------
+
+    def _plan_step(self, k: int, step: Step) -> _Mine:
+        p, me = self.p, self.me
+        node = p.pcg.nodes[step.node]
+        active = any(TensorRef(step.node, j) in p.has_grad for j in range(len(node.outputs)))
+        m = _Mine(step, k % 30000, active)
+        m.colls = [c for c in step.collectives if me in c.group]
+        covered_all = {(ti, ri) for c in step.collectives for ti, ri in c.covered}
+        for ti, t in enumerate(step.tasks):
+            for ri, rd in enumerate(t.reads):
+                if (ti, ri) in covered_all or rd.src in (LOCAL, t.rank):
+                    continue
+                if t.rank == me:
+                    m.recv.append((ri, rd.src, self._read_shape(rd), self._dtype(rd.ref)))
+                elif rd.src == me:
+                    m.send.append((t.rank, rd))
+            if t.rank == me:
+                m.task, m.ti = t, ti
+                m.covered = {ri for tj, ri in covered_all if tj == ti}
+        if step.kind is StepKind.COMPUTE:
+            m.attrs = piece_attrs(node)
+            if node.kind == "Gather" and m.task is not None:
+                m.gather = self._gather_shift(step.node, m.task)
+        m.free = [ref for ref, last in p.last_read.items()
+                  if last == k and ref != p.output and p.layout[ref.node] is None]
+        return m
+
+    def _gather_shift(self, i: int, t: Task) -> tuple[int, int, int] | None:
+        """A table split along the gathered axis: this piece holds rows offset..offset+rows."""
+        n = self.p.pcg.nodes[i]
+        table = self.p.pcg.shape(n.inputs[0])
+        axis = n.op.axis
+        if table.degrees[axis] == 1:
+            return None
+        rows = table.piece.dims[axis]
+        return t.reads[0].coord[axis] * rows, rows, table.sizes[axis]
+
+    def _read_shape(self, rd: Read) -> tuple[int, ...]:
+        dims = self.p.pcg.shape(rd.ref).piece.dims
+        if rd.region is None:
+            return dims
+        return tuple(len(range(*s.indices(d))) for s, d in zip(rd.region, dims, strict=True))
+
+    def _dtype(self, ref: TensorRef) -> Any:
+        return self.p.pcg.shape(ref).dtype.numpy
+
+    # -- a step ----------------------------------------------------------------------
+
+    def step(self, inputs: Mapping[str, Any], target: Any, fault: str | None = None) -> float:
+        """One training step on this rank's pieces; returns the (global) loss. With ``fault``
+        the rank fails with that message halfway through the forward pass (for tests)."""
+        self._inputs = inputs
+        self._fed = {}
+        self.values: dict[TensorRef, Any] = dict(self._resident)
+        self.grads: dict[TensorRef, Any] = {}
+        self._fresh: set[TensorRef] = set()
+        self.ctx: dict[int, Any] = {}
+        half = len(self.mine) // 2
+        for k, m in enumerate(self.mine):
+            if fault and k == half:
+                raise RunError(fault)
+            self._guard(m, self._forward)
+            for ref in m.free:
+                self.values.pop(ref, None)
+        loss = self._loss_step(target)
+        for m in reversed(self.mine):
+            if m.active:
+                self._guard(m, self._backward)
+        self.values = {}
+        self.params.update(self.grads)
+        self._resident = self.params.residents()
+        self.grads = {}
+        return loss
+
+    def _guard(self, m: _Mine, fn: Callable[[_Mine], None]) -> None:
+        """Run ``fn(m)``; a failure becomes a RunError naming the node."""
+        try:
+            fn(m)
+        except RunError:
+            raise
+        except Exception as e:
+            n = self.p.pcg.nodes[m.step.node]
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise RunError(f"node {n.name or m.step.node!r} ({n.kind}): {msg}") from e
+
+    # -- forward ---------------------------------------------------------------------
+
+    def _local(self, rd: Read) -> Any:
+        """A piece this rank holds or makes (data and constants are cut where they are read)."""
+        if rd.src == LOCAL:
+            return self._source_piece(rd)
+        v = self.values[rd.ref]
+        return v if rd.region is None else v[rd.region]
+
+    def _source_piece(self, rd: Read) -> Any:
+        i = rd.ref.node
+        src = self.p.layout[i]
+        node = self.p.pcg.nodes[src]
+        is_input = node.kind == "Input"
+        key = (i, rd.coord, None if rd.region is None else tuple((s.start, s.stop) for s in rd.region))
+        cache = self._fed if is_input else self._cut
+        if key in cache:
+            return cache[key]
+        if src not in cache:
+            value = self._inputs[node.name] if is_input else self.constants[node.name]
+            cache[src] = self.xp.asarray(value)
+        shape = self.p.pcg.nodes[i].outputs[0]
+        piece = cache[src][piece_region(shape, rd.coord)]
+        scale = self.p.scale[i]
+        if scale != 1:
+            piece = piece * piece.dtype.type(scale)
+        if rd.region is not None:
+            piece = piece[rd.region]
+        cache[key] = piece
+        return piece
+
+    def _forward(self, m: _Mine) -> None:
+        xp, t = self.xp, m.task
+        ins: list[Any] = [None] * (len(t.reads) if t else 0)
+        recvs = []
+        for ri, src, shape, dtype in m.recv:
+            buf = xp.empty(shape, dtype=dtype)
+            ins[ri] = buf
+            recvs.append((src, buf))
+        sends = [(dst, xp.ascontiguousarray(self._local(rd))) for dst, rd in m.send]
+        self.comm.exchange(sends, recvs, m.tag)
+        if t is not None:
+            for ri, rd in enumerate(t.reads):
+                if ins[ri] is None and ri not in m.covered:
+                    ins[ri] = self._local(rd)
+        step = m.step
+        if step.kind is StepKind.FUSED:
+            self._fused_forward(m)
+            return
+        for c in m.colls:
+            self._collective_forward(m, c, ins)
+        if t is None:
+            return
+        i = step.node
+        if step.kind is StepKind.COMPUTE:
+            if m.gather is not None:
+                ins[1] = self._shift_indices(ins[1], *m.gather)
+            outs, ctx = kernels.forward(m.attrs, ins, xp)
+            if m.active:
+                self.ctx[i] = ctx
+            for k, v in enumerate(outs):
+                self.values[TensorRef(i, k)] = v
+            return
+        if len(ins) == 1 and isinstance(ins[0], _Summed):
+            out = ins[0].value
+        else:
+            match t.assemble:
+                case Assemble.COPY:
+                    out = ins[0]
+                case Assemble.CONCAT:
+                    out = xp.concatenate(ins, axis=t.axis)
+                case Assemble.SUM:
+                    out = ins[0]
+                    for v in ins[1:]:
+                        out = out + v
+                case _:
+                    raise AssertionError(t.assemble)
+        self.values[TensorRef(i)] = out
+
+    def _shift_indices(self, idx: Any, offset: int, rows: int, total: int) -> Any:
+        """Global ids -> ids in this table piece; ids of other pieces -> out of range (zeros)."""
+        xp = self.xp
+        idx = xp.where(idx < 0, idx + total, idx) - offset
+        return xp.where((idx >= 0) & (idx < rows), idx, rows)
+
+    def _collective_forward(self, m: _Mine, c: Collective, ins: list[Any]) -> None:
+        xp, t = self.xp, m.task
+        tasks = m.step.tasks
+        match c.kind:
+            case CollectiveKind.BCAST:
+                rd = tasks[c.covered[0][0]].reads[c.covered[0][1]]
+                if self.me == c.root:
+                    buf = xp.ascontiguousarray(self._local(Read(rd.ref, rd.coord, c.root, rd.region)))
+                else:
+                    buf = xp.empty(self._read_shape(rd), dtype=self._dtype(rd.ref))
+                self.comm.bcast(c.group, buf, c.root)
+                for ti, ri in c.covered:
+                    if ti == m.ti:
+                        ins[ri] = buf
+            case CollectiveKind.REDUCE:
+                task = tasks[c.covered[0][0]]
+                rd = next(r for r in task.reads if r.src == self.me)
+                buf = xp.array(self._local(rd), copy=True, order="C")
+                self.comm.reduce(c.group, buf, c.root)
+                if t is not None and m.ti == c.covered[0][0]:
+                    ins[:] = [_Summed(buf)]
+            case _:
+                raise AssertionError(c.kind)
+
+    def _fused_forward(self, m: _Mine) -> None:
+        xp = self.xp
+        src = m.step.source
+        for c in m.colls:
+            mine = xp.ascontiguousarray(self.values[src])
+            if c.kind is CollectiveKind.ALLREDUCE:
+                buf = xp.array(mine, copy=True, order="C")
+                self.comm.allreduce(c.group, buf)
+                out = buf
+            else:
+                recv = xp.empty((len(c.group),) + mine.shape, dtype=mine.dtype)
+                self.comm.allgather(c.group, mine, recv)
+                order = sorted(range(len(c.group)), key=lambda j: c.positions[j])
+                out = xp.concatenate([recv[j] for j in order], axis=c.axis)
+            self.values[TensorRef(m.step.node)] = out
+
+    # -- loss ------------------------------------------------------------------------
+
+    def _loss_step(self, target: Any) -> float:
+        xp, p = self.xp, self.p
+        out = p.output
+        lead, member = self._lead, self._member
+        sends, recvs, parts = [], [], []
+        if member is not None and member.leader != self.me:
+            sends.append((member.leader, xp.ascontiguousarray(self.values[out])))
+        if lead is not None:
+            for rank, _, part in lead.members:
+                if rank == self.me:
+                    parts.append((part, self.values[out]))
+                else:
+                    buf = xp.empty(_region_shape(part), dtype=self._dtype(out))
+                    recvs.append((rank, buf))
+                    parts.append((part, buf))
+        self.comm.exchange(sends, recvs, LOSS_TAG)
+        total = 0.0
+        grad_sends, grad_recvs = [], []
+        wants_grad = out in p.has_grad
+        if lead is not None:
+            full = xp.zeros(_region_shape(lead.region), dtype=self._dtype(out))
+            for part, v in parts:
+                full[part] += v
+            t = target[lead.region if self.loss_kind is LossKind.MSE else lead.region[:-1]]
+            total, grad = loss_and_grad(self.loss_kind, full, t, self.loss_count, xp)
+            if wants_grad:
+                for rank, _, part in lead.members:
+                    g = xp.ascontiguousarray(grad[part])
+                    if rank == self.me:
+                        self.grads[out] = g
+                    else:
+                        grad_sends.append((rank, g))
+        if wants_grad and member is not None and member.leader != self.me:
+            buf = xp.empty(self.values[out].shape, dtype=self._dtype(out))
+            grad_recvs.append((member.leader, buf))
+            self.grads[out] = buf
+        self.comm.exchange(grad_sends, grad_recvs, GRAD_TAG)
+        return self.comm.sum_host(total) if self.comm.size > 1 else total
+
+    # -- backward --------------------------------------------------------------------
+
+    def _accumulate(self, ref: TensorRef, g: Any, region: Any = None) -> None:
+        if g is None:
+            return
+        cur = self.grads.get(ref)
+        if region is None:
+            if cur is None:
+                self.grads[ref] = g
+            elif ref in self._fresh:
+                cur += g
+            else:
+                self.grads[ref] = cur + g
+                self._fresh.add(ref)
+            return
+        if cur is None or ref not in self._fresh:
+            dims = self.p.pcg.shape(ref).piece.dims
+            base = self.xp.zeros(dims, dtype=self._dtype(ref)) if cur is None else cur.copy()
+            self.grads[ref] = base
+            self._fresh.add(ref)
+        self.grads[ref][region] += g
+
+    def _backward(self, m: _Mine) -> None:
+        xp, p, t, step = self.xp, self.p, m.task, m.step
+        if step.kind is StepKind.FUSED:
+            self._fused_backward(m)
+            return
+        read_grads: list[Any] = []
+        if t is not None:
+            i = step.node
+            node = p.pcg.nodes[i]
+            gs = [self.grads.pop(TensorRef(i, k), None) for k in range(len(node.outputs))]
+            if step.kind is StepKind.COMPUTE:
+                if all(g is None for g in gs):
+                    read_grads = [None] * len(t.reads)
+                else:
+                    read_grads = list(kernels.backward(m.attrs, self.ctx.pop(i), gs, xp))
+            else:
+                g = gs[0]
+                match t.assemble:
+                    case Assemble.COPY:
+                        read_grads = [g]
+                    case Assemble.CONCAT:
+                        read_grads = xp.split(g, len(t.reads), axis=t.axis) if g is not None else [None] * len(t.reads)
+                    case Assemble.SUM:
+                        read_grads = [g] * len(t.reads)
+        sends, recvs = [], []
+        if t is not None:
+            for ri, src, shape, dtype in m.recv:
+                rd = t.reads[ri]
+                if rd.ref in p.has_grad:
+                    g = read_grads[ri]
+                    sends.append((src, xp.ascontiguousarray(g) if g is not None else xp.zeros(shape, dtype=dtype)))
+        for dst, rd in m.send:
+            if rd.ref in p.has_grad:
+                buf = xp.empty(self._read_shape(rd), dtype=self._dtype(rd.ref))
+                recvs.append((dst, buf, rd))
+        self.comm.exchange(sends, [(d, b) for d, b, _ in recvs], m.tag)
+        for _, buf, rd in recvs:
+            self._accumulate(rd.ref, buf, rd.region)
+        if t is not None:
+            remote = {ri for ri, *_ in m.recv}
+            for ri, rd in enumerate(t.reads):
+                if ri in remote or ri in m.covered or rd.src == LOCAL or rd.ref not in p.has_grad:
+                    continue
+                self._accumulate(rd.ref, read_grads[ri], rd.region)
+        for c in reversed(m.colls):
+            self._collective_backward(m, c, read_grads)
+
+    def _collective_backward(self, m: _Mine, c: Collective, read_grads: list[Any]) -> None:
+        xp = self.xp
+        tasks = m.step.tasks
+        rd = tasks[c.covered[0][0]].reads[c.covered[0][1]]
+        if rd.ref not in self.p.has_grad:
+            return
+        match c.kind:
+            case CollectiveKind.BCAST:
+                buf = xp.zeros(self._read_shape(rd), dtype=self._dtype(rd.ref))
+                for ti, ri in c.covered:
+                    if ti == m.ti and read_grads[ri] is not None:
+                        buf += read_grads[ri]
+                self.comm.reduce(c.group, buf, c.root)
+                if self.me == c.root:
+                    self._accumulate(rd.ref, buf, rd.region)
+            case CollectiveKind.REDUCE:
+                task = tasks[c.covered[0][0]]
+                mine = next(r for r in task.reads if r.src == self.me)
+                if self.me == c.root and read_grads and read_grads[0] is not None:
+                    buf = xp.array(read_grads[0], copy=True, order="C")
+                else:
+                    buf = xp.zeros(self._read_shape(mine), dtype=self._dtype(mine.ref))
+                self.comm.bcast(c.group, buf, c.root)
+                self._accumulate(mine.ref, buf, mine.region)
+            case _:
+                raise AssertionError(c.kind)
+
+    def _fused_backward(self, m: _Mine) -> None:
+        xp = self.xp
+        src = m.step.source
+        if src not in self.p.has_grad:
+            return
+        g = self.grads.pop(TensorRef(m.step.node), None)
+        dims = self.p.pcg.shape(src).piece.dims
+        dtype = self._dtype(src)
+        for c in m.colls:
+            if c.kind is CollectiveKind.ALLREDUCE:
+                buf = xp.array(g, copy=True, order="C") if g is not None else xp.zeros(dims, dtype=dtype)
+                self.comm.allreduce(c.group, buf)
+            else:
+                n = len(c.group)
+                full = g if g is not None else xp.zeros(self.p.pcg.nodes[m.step.node].outputs[0].piece.dims,
+                                                         dtype=dtype)
+                parts = xp.split(full, n, axis=c.axis)
+                send = xp.ascontiguousarray(xp.stack([parts[c.positions[j]] for j in range(n)]))
+                buf = xp.empty(dims, dtype=dtype)
+                self.comm.reduce_scatter(c.group, send, buf)
+            self._accumulate(src, buf)
+
+
+@dataclass
+class _Summed:
+    """A sum a reduce collective already made (the task just takes it)."""
+
+    value: Any
+
+
+def _region_shape(region: Any) -> tuple[int, ...]:
+    return tuple(s.stop - s.start for s in region)

@@ -1,0 +1,77 @@
+"""Optimizers: the same elementwise update on a whole weight or on any slice of it.
+
+Because every update is elementwise, a device that keeps a shard of a weight and one
+that keeps all of it compute the same numbers for the same elements, and replicas that
+start equal and get equal (all-reduced) gradients stay equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ..errors import UsageError
+
+
+class OptimizerKind(Enum):
+    SGD = "sgd"
+    MOMENTUM = "momentum"
+    ADAM = "adam"
+
+
+DEFAULT_LR = {OptimizerKind.SGD: 0.01, OptimizerKind.MOMENTUM: 0.01, OptimizerKind.ADAM: 1e-3}
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerConfig:
+    """``momentum`` for MOMENTUM; ``betas`` and ``eps`` for ADAM (PyTorch's defaults)."""
+
+    kind: OptimizerKind
+    lr: float
+    momentum: float = 0.9
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    @staticmethod
+    def of(name: str, lr: float | None) -> OptimizerConfig:
+        try:
+            kind = OptimizerKind(name)
+        except ValueError:
+            raise UsageError(f"--optimizer {name!r}: expected sgd, momentum or adam") from None
+        if lr is not None and not lr >= 0:
+            raise UsageError(f"--lr must be >= 0, got {lr}")
+        return OptimizerConfig(kind, DEFAULT_LR[kind] if lr is None else lr)
+
+
+class Optimizer:
+    """Updates weights in place, keeping per-weight state under the caller's key."""
+
+    def __init__(self, config: OptimizerConfig, xp: Any):
+        self.config = config
+        self.xp = xp
+        self.state: dict[str, list[Any]] = {}
+        self.t = 0
+
+    def begin_step(self) -> None:
+        self.t += 1
+
+    def update(self, key: str, w: Any, g: Any) -> None:
+        c = self.config
+        match c.kind:
+            case OptimizerKind.SGD:
+                w -= c.lr * g
+            case OptimizerKind.MOMENTUM:
+                (buf,) = self.state.setdefault(key, [self.xp.zeros_like(w)])
+                buf *= c.momentum
+                buf += g
+                w -= c.lr * buf
+            case OptimizerKind.ADAM:
+                m, v = self.state.setdefault(key, [self.xp.zeros_like(w), self.xp.zeros_like(w)])
+                b1, b2 = c.betas
+                m *= b1
+                m += (1 - b1) * g
+                v *= b2
+                v += (1 - b2) * (g * g)
+                m_hat = m / (1 - b1 ** self.t)
+                v_hat = v / (1 - b2 ** self.t)
+                w -= c.lr * m_hat / (self.xp.sqrt(v_hat) + c.eps)

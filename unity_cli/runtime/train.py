@@ -1,0 +1,306 @@
+"""``unity run``: train with a plan on the ranks of an MPI job (rank ``r`` plays device ``r``).
+
+Setup (plan, model, weights, data, the program) runs on every rank; its failures are
+agreed on, so every rank stops and rank 0 alone reports the first one. A rank that fails
+during a training step prints ``error: rank R: ...`` and aborts the job, which ends the
+ranks waiting for it. ``UNITY_FAULT_RANK=R`` (with ``UNITY_FAULT_STEP=S``, default 0)
+makes rank R fail in the middle of step S's forward pass, to test exactly that.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlanError, RunError, UnityError, UsageError
+from ..plan.plan import Plan, load_plan
+from .comm import Comm, make_comm, mpi
+from .data import Data, gather_tables, read_npz
+from .loss import LossKind, choose_loss
+from .model_io import import_for_plan, resolve_model, save_trained, weight_values
+from .optim import Optimizer, OptimizerConfig
+from .program import build_program
+from .weights import ParamStore
+
+LOCAL_CPU = "cluster_specs/local-cpu.yaml"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    plan: str
+    steps: int = 10
+    data: str | None = None
+    loss: str = "auto"
+    optimizer: str | None = None       # None: the plan's config optimizer
+    lr: float | None = None
+    seed: int = 0
+    model: str | None = None
+    check: bool = False
+    save: str | None = None
+    backend: str = "auto"
+    debug: bool = False
+
+
+@dataclass
+class RunReport:
+    """What rank 0 reports (``to_json`` is ``unity run --json``)."""
+
+    plan: str
+    strategy: str
+    ranks: int
+    backend: str
+    loss_kind: str
+    optimizer: str
+    lr: float
+    steps: int
+    loss: list[float]
+    step_times_ms: list[float]
+    predicted_ms: float
+    check: dict[str, Any] | None = None
+    saved: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def measured_ms(self) -> float:
+        t = self.step_times_ms[1:] or self.step_times_ms
+        return statistics.median(t) if t else 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        return self.measured_ms / self.predicted_ms if self.predicted_ms > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "plan": self.plan, "strategy": self.strategy, "ranks": self.ranks, "backend": self.backend,
+            "loss_kind": self.loss_kind, "optimizer": self.optimizer, "lr": self.lr, "steps": self.steps,
+            "loss": self.loss, "step_times_ms": self.step_times_ms,
+            "measured_step_time_ms": self.measured_ms, "predicted_step_time_ms": self.predicted_ms,
+            "ratio": self.ratio, "warnings": self.warnings,
+        }
+        if self.check is not None:
+            out["check"] = self.check
+        if self.saved:
+            out["saved"] = self.saved
+        return out
+
+    def summary(self) -> str:
+        losses = f"{self.loss[0]:.6g} -> {self.loss[-1]:.6g}" if self.loss else "-"
+        after = "after one warm-up step" if self.steps > 1 else "one step, no warm-up"
+        ratio = f" (measured / predicted = {self.ratio:.2f})" if self.ratio is not None else ""
+        lines = [
+            f"plan     {self.plan}  ({self.strategy}, {self.ranks} rank{'s' * (self.ranks != 1)}, {self.backend})",
+            f"trained  {self.steps} step{'s' * (self.steps != 1)}, {self.optimizer} lr={self.lr:g}, "
+            f"{self.loss_kind} loss {losses}",
+            f"time     {self.measured_ms:.3f} ms per step measured (median, {after}), "
+            f"{self.predicted_ms:.3f} ms predicted{ratio}",
+        ]
+        if self.check is not None:
+            state = "passed" if self.check["passed"] else "FAILED"
+            lines.append(f"check    {state}: max relative error {self.check['max_rel_err']:.2e} "
+                         f"against one process running the original model")
+        if self.saved:
+            lines.append(f"saved    {self.saved}")
+        lines += [f"warning  {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+@dataclass
+class RunOutcome:
+    """Every rank's result: rank 0 has the report; ``error`` is set (on every rank) when the
+    job failed, and ``root`` says whether this rank should print it."""
+
+    report: RunReport | None
+    error: str | None
+    root: bool
+
+
+@dataclass
+class _Job:
+    plan: Plan
+    model: Path
+    comm: Comm
+    xp: Any
+    backend: str
+    program: Any
+    params: ParamStore
+    executor: Any
+    data: Data
+    loss: LossKind
+    optimizer: OptimizerConfig
+    imported: Any
+    weights: Any
+    warnings: list[str]
+
+
+def run_plan(opts: RunOptions) -> RunOutcome:
+    """Train with a plan on this job's ranks (see the module docstring)."""
+    world = mpi().COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    job, err = None, None
+    try:
+        job = _setup(opts, world)
+    except UnityError as e:
+        err = _line(e)
+        if opts.debug:
+            traceback.print_exc()
+    except Exception as e:  # a bug: still one line
+        err = f"internal error: {type(e).__name__}: {_line(e)} (rerun with --debug for the traceback)"
+        if opts.debug:
+            traceback.print_exc()
+    errors = world.allgather(err)
+    failed = next(((r, e) for r, e in enumerate(errors) if e), None)
+    if failed is not None:
+        r, e = failed
+        return RunOutcome(None, e if r == 0 else f"rank {r}: {e}", rank == 0)
+    assert job is not None
+    try:
+        return _train(opts, job)
+    except Exception as e:
+        msg = _line(e) if isinstance(e, UnityError) else f"{type(e).__name__}: {_line(e)}"
+        if opts.debug:
+            traceback.print_exc()
+        if size == 1:
+            return RunOutcome(None, msg, True)
+        print(f"error: rank {rank}: {msg}", file=sys.stderr, flush=True)
+        job.comm.abort(1)
+        raise  # not reached: Abort ends the process
+
+
+def _line(e: BaseException) -> str:
+    s = str(e)
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+def _backend(name: str, rank: int) -> tuple[str, Any]:
+    if name not in ("auto", "numpy", "cupy"):
+        raise UsageError(f"--backend {name!r}: expected auto, numpy or cupy")
+    if name == "numpy":
+        return "numpy", np
+    try:
+        import cupy  # noqa: PLC0415  (optional: the [gpu] extra)
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        count = 0
+        cupy = None
+    if not count:
+        if name == "cupy":
+            raise UsageError("--backend cupy: cupy is not installed or sees no GPU (pip install -e '.[gpu]')")
+        return "numpy", np
+    cupy.cuda.Device(rank % count).use()
+    return "cupy", cupy
+
+
+def _setup(opts: RunOptions, world: Any) -> _Job:
+    if opts.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {opts.steps}")
+    plan = load_plan(opts.plan)
+    size = world.Get_size()
+    need = plan.cluster.num_devices
+    if need != size:
+        raise PlanError(
+            f"{opts.plan} is a plan for {need} device{'s' * (need != 1)} (cluster {plan.cluster.name!r}) but this "
+            f"job has {size} rank{'s' * (size != 1)}: run it with mpiexec -n {need}, or re-plan for this job "
+            f"(for 2 ranks on this machine: unity optimize {plan.model.get('path', 'MODEL')} "
+            f"--cluster {LOCAL_CPU})")
+    backend, xp = _backend(opts.backend, world.Get_rank())
+    model = resolve_model(plan, opts.model)
+    imported = import_for_plan(model, plan)
+    warnings = []
+    if plan.config.get("dtype", "float32") != "float32":
+        warnings.append(f"the plan is for {plan.config['dtype']}; training runs in the model's own dtypes")
+    values = weight_values(model, imported, [plan.pcg, imported.pcg], opts.seed)
+    if values.missing:
+        msg = (f"{model}: no data for {len(values.missing)} weight(s) (e.g. {values.missing[0]!r}; external data "
+               f"missing?): initialized randomly (seed {opts.seed})")
+        warnings.append(msg)
+        if world.Get_rank() == 0:
+            print(f"warning: {msg}", file=sys.stderr, flush=True)
+    arrays = read_npz(opts.data) if opts.data else None
+    loss = choose_loss(opts.loss, arrays.get("labels") if arrays else None, imported.pcg)
+    out_dims = imported.pcg.shape(imported.pcg.outputs[0]).sizes
+    plan_out = plan.pcg.shape(plan.pcg.outputs[0]).sizes
+    if plan_out != out_dims:
+        raise PlanError(f"the plan's output is {list(plan_out)} but the model's is {list(out_dims)}")
+    data = Data(imported.inputs, out_dims, loss, opts.seed, gather_tables(imported.pcg), arrays, opts.data or "")
+    optimizer = OptimizerConfig.of(opts.optimizer or plan.config.get("optimizer", "adam"), opts.lr)
+    class_axis = len(out_dims) - 1 if loss is LossKind.CROSS_ENTROPY else None
+    from . import kernels  # noqa: PLC0415
+
+    for g, which in ((plan.pcg, "plan"), (imported.pcg, "model")):
+        for _, n in g:
+            if not (n.spec.is_source or n.spec.is_parallel_op or kernels.has_kernel(n.kind)):
+                raise RunError(f"the {which}'s node {n.name!r} is a {n.kind}, which has no runtime kernel yet")
+    program = build_program(plan.pcg, plan.views, class_axis)
+    comm = make_comm(backend, world)
+    comm.setup_groups(program.groups)
+    from .executor import Executor  # noqa: PLC0415  (imports the kernels)
+
+    params = ParamStore(program, comm, xp, values.trainable, Optimizer(optimizer, xp))
+    executor = Executor(program, comm, xp, params, loss, values.constants)
+    return _Job(plan, model, comm, xp, backend, program, params, executor, data, loss, optimizer, imported,
+                values, warnings)
+
+
+def _fault_step(rank: int) -> int | None:
+    """The step at which ``UNITY_FAULT_RANK`` names this rank to fail, if it does."""
+    r = os.environ.get("UNITY_FAULT_RANK")
+    if r is None or r.strip() == "" or int(r) != rank:
+        return None
+    return int(os.environ.get("UNITY_FAULT_STEP", "0") or 0)
+
+
+def _train(opts: RunOptions, job: _Job) -> RunOutcome:
+    comm, xp = job.comm, job.xp
+    rank = comm.rank
+    fault = _fault_step(rank)
+    reference = None
+    check = None
+    if opts.check:
+        from .check import CheckResult, Reference  # noqa: PLC0415
+
+        check = CheckResult()
+        if rank == 0:
+            reference = Reference(job.imported.pcg, job.backend, xp, job.weights.trainable, job.weights.constants,
+                                  job.loss, job.optimizer)
+    losses, times = [], []
+    for s in range(opts.steps):
+        batch = job.data.batch(s)
+        target = xp.asarray(batch.labels)
+        comm.barrier()
+        t0 = time.perf_counter()
+        why = f"injected fault in step {s} (UNITY_FAULT_RANK={rank})" if fault == s else None
+        loss = job.executor.step(batch.inputs, target, fault=why)
+        comm.sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if opts.check:
+            weights = job.params.gather(0)
+            if reference is not None and check is not None:
+                ref_loss = reference.step(batch.inputs, target)
+                check.compare(s, loss, ref_loss, weights, reference.weights())
+    all_times = comm.allgather_obj(times)
+    step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
+    final = job.params.gather(0) if opts.save else {}
+    failure = None
+    if opts.check:
+        failure = comm.bcast_obj(None if check is None or check.passed else
+                                 (check.failure or "nothing to compare (no trainable weight matched by name)"))
+    if rank != 0:
+        return RunOutcome(None, "--check failed" if failure else None, False)
+    saved = None
+    if opts.save:
+        save_trained(job.model, opts.save, {**final})
+        saved = opts.save
+    report = RunReport(opts.plan, job.plan.strategy, comm.size, job.backend, job.loss.value,
+                       job.optimizer.kind.value, job.optimizer.lr, opts.steps, losses, step_ms,
+                       float(job.plan.predicted.get("step_time_ms", 0.0)),
+                       check.to_json() if check is not None else None, saved, job.warnings)
+    return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)

@@ -1,0 +1,112 @@
+"""Trainable weights on one rank: the part it keeps, its gradient sync and its update.
+
+A rank keeps the ``master`` region of each weight that :class:`~.program.ParamPlan`
+gives it, with the optimizer state for that region. After backward it adds up its
+resident pieces' gradients into the master's, all-reduces them with the ranks that keep
+the same region (one flat buffer per group: data parallelism's gradient sync), updates
+the master and re-cuts its resident pieces from it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..ir.pcg import TensorRef
+from .comm import Comm
+from .optim import Optimizer
+from .program import ParamPlan, Program
+
+
+def to_host(a: Any) -> np.ndarray:
+    """A numpy copy of a numpy or cupy array."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+class ParamStore:
+    def __init__(self, program: Program, comm: Comm, xp: Any, initial: Mapping[str, np.ndarray],
+                 optimizer: Optimizer):
+        self.program = program
+        self.comm = comm
+        self.xp = xp
+        self.optimizer = optimizer
+        me = comm.rank
+        self.plans: list[ParamPlan] = [p for p in program.params if me in p.master]
+        self.master: dict[str, Any] = {}
+        for p in self.plans:
+            value = np.asarray(initial[p.name])
+            if value.shape != p.shape:
+                raise ValueError(f"weight {p.name!r} has shape {value.shape}, the plan wants {p.shape}")
+            self.master[p.name] = xp.array(value[p.master[me]], copy=True, order="C")
+        # One all-reduce per group: the weights it syncs, in plan order (the same on every member).
+        self.buckets: list[tuple[tuple[int, ...], list[ParamPlan]]] = []
+        for g in program.groups:
+            members = [p for p in self.plans if p.group[me] == g]
+            if members and len(g) > 1:
+                self.buckets.append((g, members))
+
+    def residents(self) -> dict[TensorRef, Any]:
+        """This rank's resident pieces, cut from its masters."""
+        out = {}
+        me = self.comm.rank
+        for p in self.plans:
+            m = self.master[p.name]
+            for node, region, scale in p.pieces[me]:
+                piece = m[region]
+                if scale != 1:
+                    piece = piece * piece.dtype.type(scale)
+                out[TensorRef(node)] = self.xp.ascontiguousarray(piece)
+        return out
+
+    def update(self, grads: Mapping[TensorRef, Any]) -> None:
+        """Gradient sync and one optimizer step; ``grads`` holds the resident pieces' gradients."""
+        me = self.comm.rank
+        full: dict[str, Any] = {}
+        for p in self.plans:
+            m = self.master[p.name]
+            g = None
+            for node, region, scale in p.pieces[me]:
+                piece = grads.get(TensorRef(node))
+                if piece is None:
+                    continue
+                if g is None:
+                    g = self.xp.zeros_like(m)
+                g[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
+            full[p.name] = g if g is not None else self.xp.zeros_like(m)
+        for group, members in self.buckets:
+            flat = self.xp.concatenate([full[p.name].ravel() for p in members])
+            self.comm.allreduce(group, flat)
+            at = 0
+            for p in members:
+                g = full[p.name]
+                full[p.name] = flat[at:at + g.size].reshape(g.shape)
+                at += g.size
+        self.optimizer.begin_step()
+        for p in self.plans:
+            self.optimizer.update(p.name, self.master[p.name], full[p.name])
+
+    def gather(self, root: int = 0) -> dict[str, np.ndarray]:
+        """Every trainable weight, whole, on ``root`` (empty elsewhere); all ranks call it."""
+        me = self.comm.rank
+        out: dict[str, np.ndarray] = {}
+        for p in self.program.params:
+            holders: dict[tuple, int] = {}
+            for rank in sorted(p.master):
+                holders.setdefault(tuple((s.start, s.stop) for s in p.master[rank]), rank)
+            if not holders:
+                continue                  # a weight nothing reads: never trained
+            if me == root:
+                out[p.name] = np.zeros(p.shape, dtype=self.program.pcg.nodes[p.node].outputs[0].dtype.numpy)
+            for key, rank in holders.items():
+                region = tuple(slice(a, b) for a, b in key)
+                shape = tuple(b - a for a, b in key)
+                if rank == me == root:
+                    out[p.name][region] = to_host(self.master[p.name])
+                elif rank == me:
+                    self.comm.send_array(np.ascontiguousarray(to_host(self.master[p.name])), root, 11)
+                elif me == root:
+                    buf = np.empty(shape, dtype=out[p.name].dtype)
+                    self.comm.recv_array(buf, rank, 11)
+                    out[p.name][region] = buf
+        return out
