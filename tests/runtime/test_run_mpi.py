@@ -26,14 +26,9 @@ from unity_cli.onnx_import.load import file_sha256
 from unity_cli.plan.plan import Plan, load_plan
 from unity_cli.runtime.program import build_program
 
-CASES = [
+SHARED = ("bert_tiny", "bert_tiny_dynamo", "convnet_tiny", "convnet_tiny_dynamo")
+CASES = [(m, s, 2) for m in SHARED for s in ("data_parallel", "tensor_parallel", "unity")] + [
     # model, strategy, devices
-    ("bert_tiny", "data_parallel", 2),
-    ("bert_tiny", "tensor_parallel", 2),
-    ("bert_tiny_dynamo", "unity", 2),
-    ("convnet_tiny", "tensor_parallel", 2),
-    ("convnet_tiny_dynamo", "data_parallel", 2),
-    ("convnet_tiny", "unity", 2),
     ("bert_tiny", "tensor_parallel", 4),     # all-reduces, all-gathers and point-to-point slices
     ("convnet_tiny", "unity", 4),            # a broadcast to 4 ranks
 ]
