@@ -40,6 +40,12 @@ def test_erf_is_float64_accurate():
     want = np.array([math.erf(v) for v in xs])
     np.testing.assert_allclose(erf(xs, np), want, rtol=0, atol=2e-15)
     assert erf(np.float32([0.5]), np).dtype == np.float32
+    x32 = np.linspace(-6, 6, 20001, dtype=np.float32)
+    want32 = np.array([math.erf(float(v)) for v in x32])
+    err = np.abs(erf(x32, np).astype(np.float64) - want32)
+    assert err.max() <= 4e-7
+    small = np.abs(x32) < 0.5   # and relatively accurate near zero, where erf(x) ~ 1.13 x
+    assert (err[small] <= 1e-6 * np.abs(want32[small]) + 1e-30).all()
 
 
 def test_gather_outside_the_table_yields_zeros_and_no_gradient():

@@ -19,12 +19,38 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def erf(x: Array, xp: Any) -> Array:
-    """The error function, in ``x``'s dtype (on numpy computed in float64, to ~1.1e-15)."""
+    """The error function, in ``x``'s dtype: float64 to ~1.1e-15, float32 and narrower to
+    ~4e-7 absolute (a few ulps, in half the time: GELU layers call it every step)."""
     if xp.__name__ != "numpy":
         from cupyx.scipy.special import erf as cupy_erf  # noqa: PLC0415  (only on GPUs)
 
         return cupy_erf(x)
-    return _erf64(x.astype("float64"), xp).astype(x.dtype)
+    if x.dtype == xp.float64:
+        return _erf64(x, xp)
+    return _erf32(x.astype("float32"), xp).astype(x.dtype)
+
+
+# Abramowitz & Stegun 7.1.26: erf(x) = 1 - t (a1 + t (a2 + ...)) e^-x^2, t = 1 / (1 + p x),
+# |error| <= 1.5e-7 for x >= 0. Near zero, where that is a large relative error, the
+# Taylor series to x^11 (truncation below 2e-8 for |x| < 0.5) takes over.
+_AS_P = 0.3275911
+_AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_TAYLOR = (1.0, -1 / 3, 1 / 10, -1 / 42, 1 / 216, -1 / 1320)
+
+
+def _erf32(x: Array, xp: Any) -> Array:
+    a = xp.abs(x)
+    t = 1 / (1 + xp.float32(_AS_P) * a)
+    poly = xp.float32(_AS_A[4])
+    for c in _AS_A[3::-1]:
+        poly = poly * t + xp.float32(c)
+    far = 1 - poly * t * xp.exp(-a * a)
+    z = a * a
+    series = xp.float32(_TAYLOR[-1])
+    for c in _TAYLOR[-2::-1]:
+        series = series * z + xp.float32(c)
+    near = xp.float32(_TWO_OVER_SQRT_PI) * a * series
+    return xp.sign(x) * xp.where(a < 0.5, near, far)
 
 
 def _erf64(x: Array, xp: Any) -> Array:
