@@ -143,6 +143,7 @@ def _cases() -> list[Case]:
     c.append(Case("unary_Sigmoid_wide", "Sigmoid", [f(4, 5, lo=-40, hi=40)]))
     c.append(Case("unary_Softplus_wide", "Softplus", [f(4, 5, lo=-40, hi=40)]))
     c.append(Case("unary_Gelu_wide", "Gelu", [f(4, 5, lo=-8, hi=8)], opset=20))
+    c.append(Case("unary_Gelu_tanh", "Gelu", [f(4, 5, lo=-8, hi=8)], attrs={"approximate": "tanh"}, opset=20))
     c.append(Case("unary_Not", "Not", [bools(3, 4)]))
     c.append(Case("unary_Identity", "Identity", [f(3, 4)], direct=UnaryAttrs("Identity"), ref=lambda x: x))
     c.append(Case("scale", "Scale", [f(3, 4)], direct=ScaleAttrs(3), ref=lambda x: 3 * x))
@@ -171,6 +172,8 @@ def _cases() -> list[Case]:
         Case("or", "Or", [bools(3, 4), bools(3, 1)]),
         Case("mod_int", "Mod", [ints(3, 4, lo=-20, hi=21), np.array([3, -3, 4, -7], np.int64)]),
         Case("mod_float_fmod", "Mod", [f(3, 4, lo=-9, hi=9), away(4)], attrs={"fmod": 1}, grad=False),
+        Case("mod_int_fmod", "Mod", [ints(3, 4, lo=-20, hi=21), np.array([3, -3, 4, -7], np.int64)],
+             attrs={"fmod": 1}),
         Case("cast_float_to_int", "Cast", [f(3, 4, lo=-9, hi=9)], attrs={"to": onnx.TensorProto.INT64}),
         Case("cast_float_to_double", "Cast", [f(3, 4)], attrs={"to": onnx.TensorProto.DOUBLE}),
         Case("cast_int_to_float", "Cast", [ints(3, 4)], attrs={"to": onnx.TensorProto.FLOAT}),

@@ -55,9 +55,6 @@ EXCLUDE: dict[str, list[str]] = {
                       r"batchnorm_.*training_mode"],
     # Plans train in inference semantics: Dropout is the identity.
     "training-mode dropout is random": [r"test_training_dropout"],
-    # The IR's Unary/Binary attrs keep only the op type: Gelu's approximate="tanh" and
-    # Mod's fmod are dropped at import (floats get fmod=1, integers fmod=0).
-    "attribute the spec drops": [r"gelu_tanh", r"mod_.*fmod_0", r"mod_int64_fmod"],
     # Optional and sequence-typed inputs are not tensors.
     "non-tensor input": [r"identity_opt", r"identity_sequence"],
     # These expansions use CastLike of a run-time tensor, which unity does not import.

@@ -44,24 +44,35 @@ class WhereAttrs:
 # Rough flops per element for the transcendental ones (a cost-model input, not semantics).
 UNARY_FLOPS = {"Relu": 1, "Erf": 20, "Tanh": 20, "Sigmoid": 8, "Sqrt": 4, "Exp": 8, "Log": 8,
                "Neg": 1, "Abs": 1, "Reciprocal": 4, "Dropout": 2, "Identity": 0, "Softplus": 12,
-               "Gelu": 24, "Floor": 1, "Ceil": 1, "Sin": 20, "Cos": 20, "Not": 1, "Sign": 1}
+               "Gelu": 24, "GeluTanh": 20, "Floor": 1, "Ceil": 1, "Sin": 20, "Cos": 20, "Not": 1, "Sign": 1}
 LINEAR_UNARY = {"Neg", "Identity", "Dropout"}
 BINARY_TERMS = {"Add": "sum", "Sub": "sum", "Sum": "sum", "Mul": "product", "Div": "numerator",
                 "Pow": "none", "Max": "none", "Min": "none", "Equal": "none", "Less": "none",
-                "Greater": "none", "And": "none", "Or": "none", "Mod": "none",
+                "Greater": "none", "And": "none", "Or": "none", "Mod": "none", "Fmod": "none",
                 "LessOrEqual": "none", "GreaterOrEqual": "none"}
+# Unary/Binary fns that are an ONNX op with a given attribute, not an op of their own.
+FROM_ATTRIBUTE = {"GeluTanh": ("Gelu", "approximate", "tanh"), "Fmod": ("Mod", "fmod", 1)}
 COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"}
+
+
+def _fn(node) -> str:
+    """The fn an ONNX node computes: its op type, or a variant its attribute selects
+    (``Gelu(approximate="tanh")`` is ``GeluTanh``, ``Mod(fmod=1)`` is ``Fmod``)."""
+    for fn, (op, attr, value) in FROM_ATTRIBUTE.items():
+        if node.op_type == op and node.attrs.get(attr) == value:
+            return fn
+    return node.op_type
 
 
 @register
 class Unary(OpSpec):
     kind = "Unary"
     attrs_type = UnaryAttrs
-    onnx_ops = tuple(sorted(UNARY_FLOPS))
+    onnx_ops = tuple(sorted(set(UNARY_FLOPS) - set(FROM_ATTRIBUTE)))
 
     def from_onnx(self, node) -> Imported:
         # Dropout at export is inference-mode (identity); its ratio/training inputs are dropped.
-        return Imported(UnaryAttrs(node.op_type), (0,))
+        return Imported(UnaryAttrs(_fn(node)), (0,))
 
     def infer(self, attrs, inputs):
         need_inputs(attrs.fn, inputs, 1)
@@ -102,10 +113,10 @@ class Cast(OpSpec):
 class Binary(OpSpec):
     kind = "Binary"
     attrs_type = BinaryAttrs
-    onnx_ops = tuple(sorted(BINARY_TERMS))
+    onnx_ops = tuple(sorted(set(BINARY_TERMS) - set(FROM_ATTRIBUTE)))
 
     def from_onnx(self, node) -> Imported:
-        return Imported(BinaryAttrs(node.op_type), tuple(range(len(node.inputs))))
+        return Imported(BinaryAttrs(_fn(node)), tuple(range(len(node.inputs))))
 
     def infer(self, attrs, inputs):
         if attrs.fn in ("Sum", "Max", "Min"):

@@ -16,6 +16,13 @@ from .registry import Array, register, unbroadcast
 _SQRT_HALF = math.sqrt(0.5)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh_grad(x: Array, xp: Any) -> Array:
+    """d/dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)."""
+    t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
 
 
 def erf(x: Array, xp: Any) -> Array:
@@ -89,6 +96,7 @@ def _gelu(x: Array, xp: Any) -> Array:
 _FWD: dict[str, Callable[[Array, Any], Array]] = {
     "Relu": lambda x, xp: xp.maximum(x, 0),
     "Gelu": _gelu,
+    "GeluTanh": lambda x, xp: 0.5 * x * (1 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
     "Erf": erf,
     "Tanh": lambda x, xp: xp.tanh(x),
     "Sigmoid": _sigmoid,
@@ -113,6 +121,7 @@ _FWD: dict[str, Callable[[Array, Any], Array]] = {
 _BWD: dict[str, Callable[[Array, Array, Array, Any], Array]] = {
     "Relu": lambda x, y, g, xp: g * (x > 0),
     "Gelu": lambda x, y, g, xp: g * (0.5 * (1 + erf(x * _SQRT_HALF, xp)) + x * _INV_SQRT_2PI * xp.exp(-0.5 * x * x)),
+    "GeluTanh": lambda x, y, g, xp: g * _gelu_tanh_grad(x, xp),
     "Erf": lambda x, y, g, xp: g * (_TWO_OVER_SQRT_PI * xp.exp(-x * x)),
     "Tanh": lambda x, y, g, xp: g * (1 - y * y),
     "Sigmoid": lambda x, y, g, xp: g * y * (1 - y),
@@ -180,11 +189,13 @@ _BINARY: dict[str, Callable[[Array, Array, Any], Array]] = {
     "GreaterOrEqual": lambda a, b, xp: xp.greater_equal(a, b),
     "And": lambda a, b, xp: xp.logical_and(a, b),
     "Or": lambda a, b, xp: xp.logical_or(a, b),
-    # ONNX Mod: fmod=1 (sign of the dividend) is required for floats; integers default
-    # to fmod=0 (sign of the divisor, Python's %). The attrs do not keep fmod.
-    "Mod": lambda a, b, xp: xp.fmod(a, b) if a.dtype.kind == "f" else xp.mod(a, b),
+    # ONNX Mod: fmod=0 takes the sign of the divisor (Python's %), fmod=1 (Fmod, which
+    # floats require) the sign of the dividend (C's fmod).
+    "Mod": lambda a, b, xp: xp.mod(a, b),
+    "Fmod": lambda a, b, xp: xp.fmod(a, b),
 }
-_NOT_DIFFERENTIABLE = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Mod"})
+_NOT_DIFFERENTIABLE = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Mod",
+                                 "Fmod"})
 
 
 def binary_forward(op, xs, xp):
