@@ -16,7 +16,11 @@ class DType(Enum):
     FLOAT64 = "float64"
     INT64 = "int64"
     INT32 = "int32"
+    INT16 = "int16"
     INT8 = "int8"
+    UINT64 = "uint64"
+    UINT32 = "uint32"
+    UINT16 = "uint16"
     UINT8 = "uint8"
     BOOL = "bool"
 
@@ -49,12 +53,15 @@ class DType(Enum):
 
 _ITEMSIZE = {
     DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT64: 8,
-    DType.INT64: 8, DType.INT32: 4, DType.INT8: 1, DType.UINT8: 1, DType.BOOL: 1,
+    DType.INT64: 8, DType.INT32: 4, DType.INT16: 2, DType.INT8: 1,
+    DType.UINT64: 8, DType.UINT32: 4, DType.UINT16: 2, DType.UINT8: 1, DType.BOOL: 1,
 }
 
 _FROM_ONNX = {
     TensorProto.FLOAT: DType.FLOAT32, TensorProto.FLOAT16: DType.FLOAT16,
     TensorProto.BFLOAT16: DType.BFLOAT16, TensorProto.DOUBLE: DType.FLOAT64,
     TensorProto.INT64: DType.INT64, TensorProto.INT32: DType.INT32,
-    TensorProto.INT8: DType.INT8, TensorProto.UINT8: DType.UINT8, TensorProto.BOOL: DType.BOOL,
+    TensorProto.INT16: DType.INT16, TensorProto.INT8: DType.INT8, TensorProto.UINT64: DType.UINT64,
+    TensorProto.UINT32: DType.UINT32, TensorProto.UINT16: DType.UINT16, TensorProto.UINT8: DType.UINT8,
+    TensorProto.BOOL: DType.BOOL,
 }
