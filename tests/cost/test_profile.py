@@ -18,7 +18,7 @@ from models.catalog import mlp_model
 from unity_cli.cli import cli
 from unity_cli.cluster import load_cluster
 from unity_cli.cost.comm import Collective, collective_time, groups_time, link_for
-from unity_cli.cost.model import CostConfig, CostContext, node_cost
+from unity_cli.cost.model import CostConfig, CostContext, estimate, node_cost
 from unity_cli.cost.profile import Profile, default_profile_path, load_profile
 from unity_cli.cost.profiler import (
     TimingPolicy,
@@ -31,6 +31,7 @@ from unity_cli.cost.profiler import (
 from unity_cli.errors import ProfileError
 from unity_cli.ir import DType
 from unity_cli.ir.pieces import piece_attrs
+from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.plan.plan import load_plan
 from unity_cli.report.summary import plan_config
 from unity_cli.search.baselines import data_parallel
@@ -117,6 +118,8 @@ def test_round_trip_is_byte_identical(profiled, tmp_path):
     (lambda d: d["comm"]["links"].update({"intra-node": {"latency_s": 1e-6, "bandwidth_Bps": 0, "samples": []}}),
      "comm.links.intra-node.bandwidth_Bps"),
     (lambda d: d["comm"]["collectives"].update({"all-sum": {}}), "comm.collectives.all-sum"),
+    (lambda d: d["compute"]["cpu-core"].update(dispatch_s=-1e-6), "compute.cpu-core.dispatch_s"),
+    (lambda d: d["compute"]["cpu-core"]["update_s"].update(lamb=1e-6), "compute.cpu-core.update_s.lamb"),
 ])
 def test_bad_file_is_one_line_naming_the_field(profiled, tmp_path, edit, field):
     doc = profiled.to_json()
@@ -143,7 +146,8 @@ def test_bad_file_through_the_cli(tmp_path, mlp):
 
 
 def test_measured_ops_replace_the_roofline(profiled, mlp, cluster, tmp_path):
-    """Relu is left out of the profile: MatMuls cost what was measured, Relu the roofline."""
+    """Relu is left out of the profile: MatMuls cost what was measured, Relu the roofline;
+    both plus the runtime's measured dispatch per task."""
     path = _save(_without(profiled, "Unary"), tmp_path / "prof.json")
     out = tmp_path / "plan.json"
     r = CliRunner().invoke(cli, ["optimize", str(mlp), "--cluster", str(LOCAL), "--batch-size", "8",
@@ -159,13 +163,16 @@ def test_measured_ops_replace_the_roofline(profiled, mlp, cluster, tmp_path):
     roofline = CostContext.of(plan.pcg, plan.cluster, CostConfig())
     table = prof.to_json()["compute"]["cpu-core"]["dtypes"]["float32"]
     kinds = set()
+    half = prof.to_json()["compute"]["cpu-core"]["dispatch_s"] / 2
+    assert 0 < half < 1e-3
     for i, piece in _compute_pieces(plan.pcg):
         got = node_cost(measured, i, plan.views)
         if piece.kind == "MatMul":
             entry = table[piece.key]
-            assert (got.compute_fwd, got.compute_bwd) == (entry["fwd_s"], entry["bwd_s"])
+            assert (got.compute_fwd, got.compute_bwd) == (entry["fwd_s"] + half, entry["bwd_s"] + half)
         else:
-            assert got == node_cost(roofline, i, plan.views)
+            base = node_cost(roofline, i, plan.views)
+            assert (got.compute_fwd, got.compute_bwd) == (base.compute_fwd + half, base.compute_bwd + half)
         kinds.add(piece.kind)
     assert kinds == {"MatMul", "Unary"}
     plain = evaluate(data_parallel(plan.pcg, cluster), cluster, CostConfig())  # the cache keys on the profile
@@ -291,3 +298,17 @@ def test_mpiexec_measures_links_and_collectives(tmp_path):
         assert fit["ranks"] == 2 and fit["alpha_s"] >= 0 and fit["beta_s_per_byte"] > 0
     prof = load_profile(out)
     assert prof.link("intra-node") is not None and prof.collective("all-reduce", "intra-node", 2) is not None
+
+
+def test_update_overhead_is_added_per_weight_piece(profiled, mlp, cluster):
+    """Each stored trainable weight piece pays the measured fixed cost of its optimizer update."""
+    per = profiled.to_json()["compute"]["cpu-core"]["update_s"]
+    assert set(per) == {"sgd", "momentum", "adam"} and all(0 < t < 1e-3 for t in per.values())
+    g = import_model(mlp, ImportOptions(8)).pcg
+    views = default_views(g)
+    bare = Profile.from_json({**profiled.to_json(), "compute": {
+        "cpu-core": {**profiled.to_json()["compute"]["cpu-core"], "update_s": {}}}})
+    with_update = estimate(g, views, cluster, CostConfig(profile=profiled))
+    without = estimate(g, views, cluster, CostConfig(profile=bare))
+    weights = sum(1 for _, n in g if n.kind == "Weight")
+    assert with_update.step_time - without.step_time == pytest.approx(weights * per["adam"], rel=1e-6)

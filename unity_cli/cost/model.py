@@ -222,9 +222,12 @@ def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
     ins = piece_shapes(inputs, dtype)
     outs = piece_shapes(outputs, dtype)
     if profile is not None:
+        half = profile.dispatch(device) / 2  # the runtime's own work per task, forward and backward
         hit = profile.op_time(device, dtype.value, piece_key(piece_op(op, outputs[0]), ins, outs))
         if hit is not None:
-            return hit.fwd, hit.bwd
+            return hit.fwd + half, hit.bwd + half
+        t = roofline(spec_of(op).cost(op, ins, outs), device, dtype)
+        return t.fwd + half, t.bwd + half
     t = roofline(spec_of(op).cost(op, ins, outs), device, dtype)
     return t.fwd, t.bwd
 
@@ -358,6 +361,9 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         if isinstance(w, WeightAttrs) and w.trainable:
             nbytes = n.outputs[0].piece.numel * 4 * passes
             for d in devs[i]:
-                t[d] += nbytes / cluster.device_type(d).memory_bandwidth
+                device = cluster.device_type(d)
+                t[d] += nbytes / device.memory_bandwidth
+                if config.profile is not None:
+                    t[d] += config.profile.update_overhead(device, config.optimizer.value)
     return t
 

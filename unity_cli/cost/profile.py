@@ -10,7 +10,9 @@ so that save -> load -> save is byte-identical and its SHA-256 names one measure
      "settings": {...},   # how (repeats, time caps, models, cluster): for people
      "compute": {DEVICE TYPE: {"kind": "cpu" | "gpu",
                                "dtypes": {DTYPE: {PIECE KEY: {"op": KIND, "fwd_s": s, "bwd_s": s,
-                                                              "repeats": n}}}}},
+                                                              "repeats": n}}},
+                               "dispatch_s": s,                 # optional: per task, beside its kernels
+                               "update_s": {OPTIMIZER: s}}},    # optional: per weight piece and step
      "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
               "links": {LINK KIND: {"latency_s": s, "bandwidth_Bps": b, "samples": [[bytes, s], ...]}},
               "collectives": {COLLECTIVE: {LINK KIND: {"ranks": p, "alpha_s": s, "beta_s_per_byte": s,
@@ -22,6 +24,11 @@ its input and output pieces; ``LINK KIND`` is ``intra-node`` or ``inter-node``; 
 ``COLLECTIVE`` is a :class:`~unity_cli.cost.comm.Collective` value, fitted as
 ``alpha + beta * bytes`` at ``p`` ranks with the byte counts of ``cost.comm``. Times are
 medians of repeats after a warm-up.
+
+``dispatch_s`` is what the runtime's executor spends on one compute task (forward and
+backward) besides its kernels, and ``update_s`` the fixed cost of one optimizer update of
+one weight piece; both are measured by ``runtime/calibrate.py`` and added by the cost
+model to every task and every stored weight piece on that device type.
 
 Only ``compute`` and ``comm`` feed the cost model; ``machine`` and ``settings`` reach a
 plan only through the profile's content hash.
@@ -118,11 +125,13 @@ class Profile:
     _links: Mapping[str, LinkFit] = field(init=False, repr=False)
     _collectives: Mapping[tuple[str, str], CollectiveFit] = field(init=False, repr=False)
     _types: frozenset[tuple[str, str]] = field(init=False, repr=False)
+    _overheads: Mapping[tuple[str, str], tuple[float, Mapping[str, float]]] = field(init=False, repr=False)
     _hash: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         data = json.loads(self.text)
-        ops, links, colls, comm_type = _validate(data)
+        ops, links, colls, comm_type, overheads = _validate(data)
+        object.__setattr__(self, "_overheads", MappingProxyType(overheads))
         digest = hashlib.sha256(self.text.encode()).hexdigest()
         object.__setattr__(self, "sha256", digest)
         object.__setattr__(self, "_hash", int(digest[:16], 16))
@@ -170,6 +179,16 @@ class Profile:
         """The measured piece on ``device`` (matched by type name and kind) in ``dtype``."""
         table = self._ops.get((device.name, device.kind.value, dtype))
         return table.get(key) if table is not None else None
+
+    def dispatch(self, device: DeviceType) -> float:
+        """Seconds the runtime adds to each compute task on ``device`` (0 if not measured)."""
+        entry = self._overheads.get((device.name, device.kind.value))
+        return entry[0] if entry is not None else 0.0
+
+    def update_overhead(self, device: DeviceType, optimizer: str) -> float:
+        """Fixed seconds of one optimizer update of one weight piece (0 if not measured)."""
+        entry = self._overheads.get((device.name, device.kind.value))
+        return entry[1].get(optimizer, 0.0) if entry is not None else 0.0
 
     def link(self, kind: str) -> LinkFit | None:
         """The measured point-to-point link of a kind (``intra-node``/``inter-node``)."""
@@ -264,7 +283,7 @@ def _samples(v: Any, where: str) -> None:
         _num(t, f"{where}[{k}][1]")
 
 
-def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None]:
+def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict]:
     """The lookup tables of a document, or a ProfileError naming the bad field."""
     data = _obj(data, "the profile")
     if data.get("format") != FORMAT:
@@ -273,12 +292,20 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None]:
     _obj(data["machine"], "machine")
     _obj(data["settings"], "settings")
     ops: dict[tuple[str, str, str], dict[str, OpTime]] = {}
+    overheads: dict[tuple[str, str], tuple[float, Mapping[str, float]]] = {}
     for dev, entry in sorted(_obj(data["compute"], "compute").items()):
         where = f"compute.{dev}"
-        _keys(_obj(entry, where), where, ("dtypes", "kind"))
+        _keys(_obj(entry, where), where, ("dtypes", "kind"), ("dispatch_s", "update_s"))
         kind = entry["kind"]
         if kind not in ("cpu", "gpu"):
             raise ProfileError(f"{where}.kind: expected 'cpu' or 'gpu', got {kind!r}")
+        dispatch = _num(entry.get("dispatch_s", 0.0), f"{where}.dispatch_s")
+        update = {}
+        for opt, t in sorted(_obj(entry.get("update_s", {}), f"{where}.update_s").items()):
+            if opt not in ("sgd", "momentum", "adam"):
+                raise ProfileError(f"{where}.update_s.{opt}: unknown optimizer (expected sgd, momentum or adam)")
+            update[opt] = _num(t, f"{where}.update_s.{opt}")
+        overheads[(dev, kind)] = (dispatch, MappingProxyType(update))
         for dtype, table in sorted(_obj(entry["dtypes"], f"{where}.dtypes").items()):
             at = f"{where}.dtypes.{dtype}"
             if dtype not in _FLOAT_DTYPES:
@@ -328,7 +355,7 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None]:
                                                 _num(fit["beta_s_per_byte"], f"{where}.beta_s_per_byte"))
             if colls[(name, kind)].ranks > ranks:
                 raise ProfileError(f"{where}.ranks: {fit['ranks']} is more than comm.ranks ({ranks})")
-    return ops, links, colls, comm_type
+    return ops, links, colls, comm_type, overheads
 
 
 def profile_for(cluster: ClusterSpec, path: str | None = None, use_default: bool = True

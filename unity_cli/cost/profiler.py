@@ -511,6 +511,17 @@ def _world_comm(backend: Backend) -> Any | None:
 # The whole run.
 
 
+def measure_overheads(backend: Backend) -> tuple[float, dict[str, float]] | None:
+    """The runtime's dispatch per compute task and fixed cost per optimizer update (see
+    ``runtime/calibrate.py``); None where the runtime cannot run here."""
+    from ..runtime.calibrate import dispatch_seconds, update_seconds
+
+    try:
+        return dispatch_seconds(backend.name, backend.xp), update_seconds(backend.xp)
+    except UnityError:
+        return None
+
+
 def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int | None = None,
                 dtype: DType = DType.FLOAT32, policy: TimingPolicy = TimingPolicy(), plans: Sequence[str] = (),
                 device_type: str | None = None, backend: str = "numpy", merge_into: Profile | None = None,
@@ -527,6 +538,7 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
     rank, ranks = (comm.rank, comm.size) if comm is not None else (0, 1)
     pieces = distinct_pieces(plan_graphs(models, cluster, batch_size, plans), dtype)
     entries, skipped, failed = measure_compute(pieces, bk, policy, progress if rank == 0 else None)
+    overheads = measure_overheads(bk)
     comm_doc: dict[str, Any] = {"hosts": 1, "links": {}, "collectives": {}}
     if comm is not None:
         comm.barrier()
@@ -540,6 +552,8 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
     if dev["kind"] != device.kind.value:
         raise ProfileError(f"compute.{device.name}.kind: the profile holds a {dev['kind']} device of this name, "
                            f"this one is a {device.kind.value}")
+    if overheads is not None:
+        dev["dispatch_s"], dev["update_s"] = overheads
     table = dev["dtypes"].setdefault(dtype.value, {})
     kept -= sum(1 for k in entries if k in table)
     table.update(entries)
