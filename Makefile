@@ -30,7 +30,7 @@ bench: setup
 	$(PY) benchmarks/foundation.py
 
 # The Unity paper's benchmark: 7 DNNs x {8, 48, 192} Summit GPUs x 5 strategies -> benchmarks/results/paper.{md,csv}
-# and docs/paper_speedup.png (matplotlib comes from the 'bench' extra); about 25 min on 2 cores.
+# and docs/paper_speedup.png (matplotlib comes from the 'bench' extra); 7-11 min on 2 cores.
 paper: setup
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[bench]'
 	$(PY) benchmarks/paper.py
