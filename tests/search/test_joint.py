@@ -43,7 +43,7 @@ def test_budget_is_respected(shared_models, cluster_dir, rules):
     res = optimize(pcg, cluster, CostConfig(), "unity", rules, budget=3.0)
     search_time = res.stats.seconds
     assert search_time <= 3.0 * 1.1 + 0.2  # the last candidate in flight may finish
-    assert time.monotonic() - t0 < 3.0 * 1.1 + 10  # plus the baselines and the final mapping
+    assert time.monotonic() - t0 <= 3.0 * 1.1 + 0.5  # the budget covers the baselines and the final mapping
 
 
 def test_deterministic_across_hash_seeds(tmp_path, shared_models, cluster_dir):

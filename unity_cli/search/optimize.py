@@ -122,6 +122,7 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
              progress: Callable | None = None, max_candidates: int | None = None) -> SearchResult:
     if strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)})")
+    deadline = time.monotonic() + budget  # the budget covers the whole run, baselines included
     candidates = {name: evaluate(fn(pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
     if strategy in SEARCHES or strategy == "best":
         # The joint search reports the two search baselines too, each with a share of the budget.
@@ -129,11 +130,14 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
         runs = SEARCHES if joint else (strategy,)
         shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if joint \
             else {strategy: 1.0}
+        # Keep time to map each search's result; a search that ends early leaves its time to the next.
+        reserve = min(len(runs) * MAPPING_SECONDS, 0.2 * budget)
         found_by = {}
-        for name in runs:
+        for k, name in enumerate(runs):
             cap = None if max_candidates is None else max(1, int(max_candidates * shares[name]))
-            found, stats = _SEARCH[name](pcg, cluster, config, rules, budget * shares[name], alpha, progress,
-                                         candidates, cap)
+            left = deadline - reserve - time.monotonic()
+            share = max(0.05 * budget * shares[name], left * shares[name] / sum(shares[r] for r in runs[k:]))
+            found, stats = _SEARCH[name](pcg, cluster, config, rules, share, alpha, progress, candidates, cap)
             candidates[name] = evaluate(Baseline(name, found.pcg, devices_used(found.pcg, found.views),
                                                  f"search from {found.start}"),
                                         cluster, config)
