@@ -5,10 +5,12 @@ roofline, with the profile, and measured by ``unity run``, on ``cluster_specs/lo
     python benchmarks/profile_accuracy.py [--steps 5] [--max-seconds 60] [--models bert_tiny,...]
 
 For the shared models (``../shared/models``): one ``mpiexec -n 2 unity profile`` measures
-every model's pieces and the links and collectives between the 2 ranks; then per model and
-strategy (data_parallel, tensor_parallel) ``unity optimize`` plans without and with the
-profile, and ``mpiexec -n 2 unity run plan.json --steps N --json`` measures the profiled
-plan (median step after a warm-up). Prints a markdown table; ratio = measured / predicted.
+every model's pieces alone and the links and collectives between the 2 ranks; per model
+and strategy (data_parallel, tensor_parallel) ``unity optimize`` plans without and with
+the profile; ``mpiexec -n 2 unity profile --plan ...`` then times those plans' pieces
+inside training steps; the plans made with that profile are run with
+``mpiexec -n 2 unity run plan.json --steps N --json`` (median step after a warm-up).
+Prints a markdown table; ratio = measured / predicted.
 All commands run as the installed ``unity``, with ``UNITY_PROFILE_DIR`` set to a temporary
 folder so no profile in your home is read or written.
 """
@@ -66,33 +68,41 @@ def main() -> None:
         cmd += ["--model", str(MODELS / f"{m}.onnx")]
     print(sh(cmd, env).strip(), file=sys.stderr)
     run = has_run(env)
+
+    def plan(m: str, strategy: str, mode: str, flag: list[str]) -> tuple[Path, float]:
+        path = tmp / f"{m}-{strategy}-{mode}.json"
+        out = sh([UNITY, "optimize", str(MODELS / f"{m}.onnx"), "--cluster", str(CLUSTER), "--batch-size",
+                  str(BATCH), "--strategy", strategy, "--out", str(path), "--json", *flag], env)
+        return path, last_json(out)["predicted"]["step_time_ms"]
+
+    cases = [(m, s) for m in models for s in STRATEGIES]
+    roof = {c: plan(*c, "roofline", ["--no-profile"]) for c in cases}
+    alone = {c: plan(*c, "profiled", ["--profile", str(profile)]) for c in cases}
+    if run:  # second pass: the plans' pieces timed inside training steps (unity profile --plan)
+        cmd = [MPIEXEC, "-n", "2", UNITY, "profile", "--cluster", str(CLUSTER), "--out", str(profile),
+               "--batch-size", str(BATCH), "--max-seconds", str(args.max_seconds)]
+        for c in cases:
+            cmd += ["--plan", str(alone[c][0])]
+        print(sh(cmd, env).strip(), file=sys.stderr)
+    situ = {c: plan(*c, "in-situ", ["--profile", str(profile)]) for c in cases} if run else alone
     rows = []
-    for m in models:
-        for strategy in STRATEGIES:
-            pred = {}
-            plans = {}
-            for mode, flag in (("roofline", ["--no-profile"]), ("profiled", ["--profile", str(profile)])):
-                plans[mode] = tmp / f"{m}-{strategy}-{mode}.json"
-                out = sh([UNITY, "optimize", str(MODELS / f"{m}.onnx"), "--cluster", str(CLUSTER), "--batch-size",
-                          str(BATCH), "--strategy", strategy, "--out", str(plans[mode]), "--json", *flag], env)
-                pred[mode] = last_json(out)["predicted"]["step_time_ms"]
-            measured = None
-            if run:
-                out = sh([MPIEXEC, "-n", "2", UNITY, "run", str(plans["profiled"]), "--steps", str(args.steps),
-                          "--json"], env)
-                measured = last_json(out)["measured_step_time_ms"]
-            rows.append((m, strategy, pred["roofline"], pred["profiled"], measured))
-    print("| model | strategy | predicted ms (roofline) | predicted ms (profiled) | measured ms "
-          "| measured/predicted (roofline) | measured/predicted (profiled) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for m, s, roof, prof, meas in rows:
+    for c in cases:
+        measured = None
+        if run:
+            out = sh([MPIEXEC, "-n", "2", UNITY, "run", str(situ[c][0]), "--steps", str(args.steps), "--json"], env)
+            measured = last_json(out)["measured_step_time_ms"]
+        rows.append((*c, roof[c][1], alone[c][1], situ[c][1], measured))
+    print("| model | strategy | predicted ms (roofline) | (pieces timed alone) | (pieces timed in steps) "
+          "| measured ms | measured/predicted: roofline | alone | in steps |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for m, s, r, a, t, meas in rows:
         if meas is None:
-            print(f"| {m} | {s} | {roof:.3f} | {prof:.3f} | - | - | - |")
+            print(f"| {m} | {s} | {r:.3f} | {a:.3f} | - | - | - | - | - |")
         else:
-            print(f"| {m} | {s} | {roof:.3f} | {prof:.3f} | {meas:.3f} | {meas / roof:.2f} | {meas / prof:.2f} |")
+            print(f"| {m} | {s} | {r:.3f} | {a:.3f} | {t:.3f} | {meas:.3f} | {meas / r:.2f} | {meas / a:.2f} "
+                  f"| {meas / t:.2f} |")
     if not run:
         print("\n`unity run` is not available here: no measured column.")
-
 
 if __name__ == "__main__":
     main()

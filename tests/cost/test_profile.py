@@ -312,3 +312,23 @@ def test_update_overhead_is_added_per_weight_piece(profiled, mlp, cluster):
     without = estimate(g, views, cluster, CostConfig(profile=bare))
     weights = sum(1 for _, n in g if n.kind == "Weight")
     assert with_update.step_time - without.step_time == pytest.approx(weights * per["adam"], rel=1e-6)
+
+
+def test_a_plans_pieces_are_timed_inside_training_steps(mlp, tmp_path):
+    """``--plan`` for this job's rank count: its pieces' entries come from real steps of the
+    executor (minus the dispatch the cost model adds back), not from kernels in a loop."""
+    spec = tmp_path / "one.yaml"
+    spec.write_text(LOCAL.read_text().replace("devices: 2", "devices: 1").replace("name: local-cpu", "name: one"))
+    one = load_cluster(spec)
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["optimize", str(mlp), "--cluster", str(spec), "--batch-size", "8", "--strategy",
+                                 "data_parallel", "--out", str(plan), "--no-profile"])
+    assert r.exit_code == 0, r.output
+    alone = run_profile([str(mlp)], one, batch_size=8, policy=FAST).profile
+    situ = run_profile([], one, batch_size=8, policy=FAST, plans=[str(plan)]).profile
+    a = alone.to_json()["compute"]["cpu-core"]["dtypes"]["float32"]
+    s = situ.to_json()["compute"]["cpu-core"]["dtypes"]["float32"]
+    keys = {p.key for p in pieces_of(load_plan(plan).pcg, DType.FLOAT32)}
+    assert keys <= set(s) and keys <= set(a)
+    assert all(s[k]["repeats"] == 10 for k in keys)            # 12 steps, 2 of warm-up
+    assert any(s[k]["fwd_s"] != a[k]["fwd_s"] for k in keys)     # another measurement

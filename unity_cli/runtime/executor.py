@@ -8,6 +8,7 @@ step sends and receives is worked out once, when the executor is built, from the
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,8 @@ class Executor:
         self._lead = next((g for g in program.loss_groups if g.leader == self.me), None)
         self._member = next((g for g in program.loss_groups for r, _, _ in g.members if r == self.me), None)
         self.loss_count = loss_count(loss, program.pcg.shape(program.output).sizes)
+        self.timings: dict[tuple[int, str], list[float]] | None = None
+        """Set to a dict to record each compute task's seconds per (node, "fwd" | "bwd")."""
 
     # -- planning ------------------------------------------------------------------
 
@@ -148,6 +151,12 @@ class Executor:
     def _guard(self, m: _Mine, fn: Callable[[_Mine], None]) -> None:
         """Run ``fn(m)``; a failure becomes a RunError naming the node."""
         try:
+            if self.timings is not None and m.task is not None and m.task.assemble is Assemble.KERNEL:
+                t0 = time.perf_counter()
+                fn(m)
+                key = (m.step.node, "fwd" if fn == self._forward else "bwd")
+                self.timings.setdefault(key, []).append(time.perf_counter() - t0)
+                return
             fn(m)
         except RunError:
             raise

@@ -198,6 +198,11 @@ def _backend(name: str, rank: int) -> tuple[str, Any]:
     return "cupy", cupy
 
 
+def setup_job(opts: RunOptions, world: Any) -> _Job:
+    """Everything a rank needs to train with a plan (the profiler times real steps with it)."""
+    return _setup(opts, world)
+
+
 def _setup(opts: RunOptions, world: Any) -> _Job:
     if opts.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {opts.steps}")
