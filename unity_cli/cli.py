@@ -37,6 +37,9 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(e, debug)
         except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
             raise
+        except BrokenPipeError:  # the reader went away (`unity zoo --list | head`): not an error
+            _quiet_stdout()
+            sys.exit(0)
         except Exception as e:  # a bug: still one line, with a hint to get the traceback
             if debug:
                 _fail(e, True)
@@ -45,6 +48,12 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return click.option("--debug", is_flag=True, help="Show the traceback on errors.")(wrapper)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

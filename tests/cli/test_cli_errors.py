@@ -290,3 +290,12 @@ def test_forced_strategy(mlp, tmp_path, strategy):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["strategy"] == strategy
     assert load_plan(out).strategy == strategy
+
+
+def test_a_closed_pipe_is_not_an_error():
+    """`unity zoo --list | head -1`: the reader leaves early; no 'internal error', exit 0."""
+    p = subprocess.Popen([str(Path(sys.executable).parent / "unity"), "zoo", "--list"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # before it writes: its first write meets a closed pipe
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "error" not in err, err
