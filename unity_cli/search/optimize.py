@@ -49,15 +49,17 @@ MAPPING_SECONDS = 2.0
 _mapped: dict[tuple, tuple | None] = {}
 
 
-def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig) -> Candidate:
-    """Cost a strategy under the default views and under the machine-mapping DP's; keep the faster."""
+def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
+             seconds: float | None = MAPPING_SECONDS) -> Candidate:
+    """Cost a strategy under the default views and under the machine-mapping DP's (given at
+    most ``seconds``); keep the faster."""
     validate(baseline.pcg)
     best = None
-    key = (baseline.pcg.canonical_hash, cluster, config)
+    key = (baseline.pcg.canonical_hash, cluster, config, seconds is None)
     if key not in _mapped:  # the searches often return a graph a baseline already is
         if len(_mapped) > 64:
             _mapped.clear()
-        _mapped[key] = dp_map(baseline.pcg, cluster, config, seconds=MAPPING_SECONDS)
+        _mapped[key] = dp_map(baseline.pcg, cluster, config, seconds=seconds)
     mapped = _mapped[key]
     options = [default_views(baseline.pcg)] + ([mapped[1]] if mapped else [])
     for views in options:
@@ -102,7 +104,8 @@ def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progres
     one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel], budget=budget / 2,
                       alpha=alpha, progress=progress, max_candidates=half)
     rewritten = one.run([("plain", pcg)])
-    base = {name: evaluate(fn(rewritten.pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
+    seconds = None if cap is not None else _mapping_seconds(budget)
+    base = {name: evaluate(fn(rewritten.pcg, cluster), cluster, config, seconds) for name, fn in STRATEGIES.items()}
     two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget / 2, alpha=alpha,
                       progress=progress, max_candidates=half)
     found = two.run(_starts(rewritten.pcg, base))
@@ -123,7 +126,11 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     if strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)})")
     deadline = time.monotonic() + budget  # the budget covers the whole run, baselines included
-    candidates = {name: evaluate(fn(pcg, cluster), cluster, config) for name, fn in STRATEGIES.items()}
+    # With a candidate cap the plan must not depend on the machine's speed: the mapping DP
+    # is then bounded by its state budget only.
+    capped = max_candidates is not None
+    candidates = {name: evaluate(fn(pcg, cluster), cluster, config, None if capped else _mapping_seconds(budget))
+                  for name, fn in STRATEGIES.items()}
     if strategy in SEARCHES or strategy == "best":
         # The joint search reports the two search baselines too, each with a share of the budget.
         joint = strategy in ("best", "unity")
@@ -138,9 +145,9 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
             left = deadline - reserve - time.monotonic()
             share = max(0.05 * budget * shares[name], left * shares[name] / sum(shares[r] for r in runs[k:]))
             found, stats = _SEARCH[name](pcg, cluster, config, rules, share, alpha, progress, candidates, cap)
+            seconds = None if capped else min(MAPPING_SECONDS, max(0.05, deadline - time.monotonic()))
             candidates[name] = evaluate(Baseline(name, found.pcg, devices_used(found.pcg, found.views),
-                                                 f"search from {found.start}"),
-                                        cluster, config)
+                                                 f"search from {found.start}"), cluster, config, seconds)
             found_by[name] = (found, stats)
         name = _fastest(candidates) if strategy == "best" else strategy
         chosen = candidates[name]
@@ -154,6 +161,11 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     if not chosen.report.feasible:
         raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}")
     return SearchResult(chosen, candidates)
+
+
+def _mapping_seconds(budget: float) -> float:
+    """What mapping one baseline may take out of the run's budget."""
+    return min(MAPPING_SECONDS, 0.1 * budget)
 
 
 def _fastest(candidates: dict[str, Candidate]) -> str:
