@@ -221,15 +221,10 @@ def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
     device type and dtype, else the roofline (cached: candidates share most of their nodes)."""
     ins = piece_shapes(inputs, dtype)
     outs = piece_shapes(outputs, dtype)
-    if profile is not None:
-        half = profile.dispatch(device) / 2  # the runtime's own work per task, forward and backward
-        hit = profile.op_time(device, dtype.value, piece_key(piece_op(op, outputs[0]), ins, outs))
-        if hit is not None:
-            return hit.fwd + half, hit.bwd + half
-        t = roofline(spec_of(op).cost(op, ins, outs), device, dtype)
-        return t.fwd + half, t.bwd + half
-    t = roofline(spec_of(op).cost(op, ins, outs), device, dtype)
-    return t.fwd, t.bwd
+    hit = profile.op_time(device, dtype.value, piece_key(piece_op(op, outputs[0]), ins, outs)) if profile else None
+    t = hit or roofline(spec_of(op).cost(op, ins, outs), device, dtype)  # both have .fwd and .bwd
+    half = profile.dispatch(device) / 2 if profile else 0.0  # the runtime's own work per task
+    return t.fwd + half, t.bwd + half
 
 
 def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,

@@ -42,22 +42,17 @@ def chain(tasks: int) -> PCG:
 
 
 def _step_seconds(tasks: int, backend: str, xp: Any, steps: int) -> float:
-    from .comm import make_comm, mpi
-    from .executor import Executor
+    from .comm import mpi
+    from .executor import build_executor
     from .loss import LossKind
-    from .optim import Optimizer, OptimizerConfig
-    from .program import build_program
-    from .weights import ParamStore
+    from .optim import OptimizerConfig
 
     pcg = chain(tasks)
     views = tuple(MachineView(0, (0,) * (n.outputs[0].rank + 2)) for _, n in pcg)
-    program = build_program(pcg, views, None)
-    comm = make_comm(backend, mpi().COMM_SELF)
-    comm.setup_groups(program.groups)
     rng = np.random.default_rng(0)
-    params = ParamStore(program, comm, xp, {"w": rng.standard_normal((4, 4)).astype(np.float32)},
-                        Optimizer(OptimizerConfig.of("sgd", 1e-3), xp))
-    executor = Executor(program, comm, xp, params, LossKind.MSE, {})
+    _, comm, _, executor = build_executor(pcg, views, None, backend, mpi().COMM_SELF, xp,
+                                          {"w": rng.standard_normal((4, 4)).astype(np.float32)},
+                                          OptimizerConfig.of("sgd", 1e-3), LossKind.MSE, {})
     inputs = {"x": xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))}
     target = xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))
     times = []

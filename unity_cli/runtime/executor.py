@@ -9,20 +9,34 @@ step sends and receives is worked out once, when the executor is built, from the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..cluster.machine_view import MachineView
 from ..errors import RunError
-from ..ir.pcg import TensorRef
+from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import piece_attrs, piece_region
 from . import kernels
-from .comm import Comm
+from .comm import Comm, make_comm
 from .loss import LossKind, loss_and_grad, loss_count
-from .program import LOCAL, Assemble, Collective, CollectiveKind, Program, Read, Step, StepKind, Task
+from .optim import Optimizer, OptimizerConfig
+from .program import LOCAL, Assemble, Collective, CollectiveKind, Program, Read, Step, StepKind, Task, build_program
 from .weights import ParamStore
+
+
+def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | None, backend: str, world: Any,
+                   xp: Any, trainable: Mapping[str, np.ndarray], optimizer: OptimizerConfig, loss: LossKind,
+                   constants: Mapping[str, np.ndarray]) -> tuple[Program, Comm, ParamStore, Executor]:
+    """This rank's program, communicator, weights and executor for a mapped graph."""
+    program = build_program(pcg, views, class_axis)
+    comm = make_comm(backend, world)
+    comm.setup_groups(program.groups)
+    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp))
+    return program, comm, params, Executor(program, comm, xp, params, loss, constants)
+
 
 LOSS_TAG = 32001
 GRAD_TAG = 32002

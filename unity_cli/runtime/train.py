@@ -21,12 +21,11 @@ import numpy as np
 
 from ..errors import PlanError, RunError, UnityError, UsageError
 from ..plan.plan import Plan, load_plan
-from .comm import Comm, make_comm, mpi
+from .comm import Comm, mpi
 from .data import Data, gather_tables, read_npz
 from .loss import LossKind, choose_loss
 from .model_io import import_for_plan, resolve_model, save_trained, weight_values
-from .optim import Optimizer, OptimizerConfig
-from .program import build_program
+from .optim import OptimizerConfig
 from .weights import ParamStore
 
 LOCAL_CPU = "cluster_specs/local-cpu.yaml"
@@ -243,13 +242,10 @@ def _setup(opts: RunOptions, world: Any) -> _Job:
         for _, n in g:
             if not (n.spec.is_source or n.spec.is_parallel_op or kernels.has_kernel(n.kind)):
                 raise RunError(f"the {which}'s node {n.name!r} is a {n.kind}, which has no runtime kernel yet")
-    program = build_program(plan.pcg, plan.views, class_axis)
-    comm = make_comm(backend, world)
-    comm.setup_groups(program.groups)
-    from .executor import Executor  # noqa: PLC0415  (imports the kernels)
+    from .executor import build_executor  # noqa: PLC0415  (imports the kernels)
 
-    params = ParamStore(program, comm, xp, values.trainable, Optimizer(optimizer, xp))
-    executor = Executor(program, comm, xp, params, loss, values.constants)
+    program, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
+                                                     values.trainable, optimizer, loss, values.constants)
     return _Job(plan, model, comm, xp, backend, program, params, executor, data, loss, optimizer, imported,
                 values, warnings)
 
