@@ -253,6 +253,10 @@ def test_optimize_bert_tiny_subprocess(shared_models, tmp_path):
     assert plan.strategy in ("unity", "parallel_only", "algebraic_then_parallel", "data_parallel",
                              "tensor_parallel")  # the default (best) is the fastest of all
     assert plan.predicted["step_time_ms"] <= min(b["step_time_ms"] for b in plan.baselines.values())
+    # the joint search starts from the baselines: it is never slower than they are
+    base = plan.baselines
+    assert base["unity"]["step_time_ms"] <= min(base["data_parallel"]["step_time_ms"],
+                                                base["tensor_parallel"]["step_time_ms"]) * (1 + 1e-9)
     assert "--batch-size" in r.stdout  # the symbolic batch was defaulted, and the summary says so
     assert str(out) in r.stdout
 
@@ -294,8 +298,7 @@ def test_forced_strategy(mlp, tmp_path, strategy):
 
 def test_a_closed_pipe_is_not_an_error():
     """`unity zoo --list | head -1`: the reader leaves early; no 'internal error', exit 0."""
-    p = subprocess.Popen([str(Path(sys.executable).parent / "unity"), "zoo", "--list"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+    p = subprocess.Popen([*_unity_command(), "zoo", "--list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.close()  # before it writes: its first write meets a closed pipe
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 0 and "error" not in err, err

@@ -177,6 +177,9 @@ def test_measured_ops_replace_the_roofline(profiled, mlp, cluster, tmp_path):
     assert kinds == {"MatMul", "Unary"}
     plain = evaluate(data_parallel(plan.pcg, cluster), cluster, CostConfig())  # the cache keys on the profile
     assert plain.report.step_time * 1e3 != pytest.approx(plan.predicted["step_time_ms"], rel=1e-9)
+    # the plan's prediction is the profiled cost of its own graph and views
+    again = estimate(plan.pcg, plan.views, plan.cluster, config)
+    assert again.step_time * 1e3 == pytest.approx(plan.predicted["step_time_ms"], abs=1e-6)
 
 
 def test_measured_links_and_collectives(cluster):

@@ -24,6 +24,7 @@ from unity_cli.plan.plan import load_plan
 from unity_cli.report.diagram import build_diagram
 from unity_cli.report.html import ReportOptions, render_report, write_report
 from unity_cli.report.layout import find_groups, layered_layout
+from unity_cli.report.markup import ms
 from unity_cli.search.optimize import optimize
 
 SPECS = Path(__file__).resolve().parents[2] / "cluster_specs"
@@ -201,6 +202,27 @@ def test_a_large_stack_collapses_by_name_and_by_structure(tmp_path):
         d = build_diagram(plan, CostConfig(), max_nodes=20)           # 48+ operators: collapsed
         assert [g.label for g in d.groups] == [label], named
         assert len(d.groups[0].nodes) >= 48
+
+
+def test_group_tooltip_names_the_index_only_for_named_groups(tmp_path):
+    """A group found from names says what it indexes; one found by structure has no such name."""
+    for named, want in ((True, "operators of /m/layers.N"), (False, "operators")):
+        plan = plan_for(stack_model(tmp_path / f"t{named}.onnx", 12, named), "data_parallel", batch=8)
+        page = render_report(plan, options=ReportOptions(max_nodes=20))
+        tip = re.search(r'class="group[^"]*".*?<title>(.*?)</title>', page, re.S)
+        assert tip, named
+        assert tip.group(1).splitlines()[0].endswith(want), tip.group(1)
+
+
+def test_a_missing_profile_is_said_and_the_page_uses_one_simulation(bert_dp, tmp_path):
+    """A plan made with a profile that is gone is priced on the roofline, and the page says so;
+    the step, compute and communication shown are those of the timeline's simulation."""
+    gone = replace(bert_dp, config={**bert_dp.config, "profile": {"path": str(tmp_path / "gone.json"),
+                                                                  "sha256": "0" * 64}})
+    page = render_report(gone)
+    assert "cannot be used" in page and "roofline estimates" in page
+    report = estimate(gone.pcg, gone.views, gone.cluster, CostConfig())
+    assert ms(report.step_time * 1e3) in page and f"compute {ms(report.compute_time * 1e3)}" in page
 
 
 def test_layout_points_every_edge_down_without_overlaps():

@@ -92,7 +92,7 @@ def test_identical_layers_are_solved_once(cluster_dir, rules):
     layouts = len(boundary_layouts(cluster, 64))
     # the first segment (no boundary in) once per layout out, the four in between once per pair
     # of layouts; the last (no boundary out) is the same problem as a middle one ending whole
-    assert stats.distinct == layouts + layouts * layouts
+    assert stats.segment_problems == layouts + layouts * layouts
     assert found is not None
     validate(found.pcg)
     report = estimate(found.pcg, default_views(found.pcg), cluster, CostConfig())

@@ -1,19 +1,13 @@
 """Compute time of one operator piece on one device: a roofline plus launch overhead."""
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..cluster.spec import DeviceType
 from ..ir.dtypes import DType
-from ..ir.opspec import OpCost, spec_of
-from ..ir.shapes import ParallelTensorShape, TensorShape
-
-# Ops whose attrs name their whole output shape: a piece runs with its own (as
-# ``unity_cli.ir.pieces.piece_attrs`` does for the runtime).
-_NAME_OUTPUT_SHAPE = ("Reshape", "Expand")
+from ..ir.opspec import OpCost
+from ..ir.shapes import TensorShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +33,3 @@ def roofline(cost: OpCost, device: DeviceType, dtype: DType) -> PieceTime:
 def piece_shapes(shapes: Sequence, dtype: DType) -> list[TensorShape]:
     return [as_compute_dtype(s.piece, dtype) for s in shapes]
 
-
-def piece_op(op: Any, output: ParallelTensorShape) -> Any:
-    """The attrs one piece of an op runs with, given the op's (first) output shape."""
-    if spec_of(op).kind in _NAME_OUTPUT_SHAPE:
-        return dataclasses.replace(op, dims=output.piece.dims)
-    return op

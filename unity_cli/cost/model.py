@@ -30,8 +30,9 @@ from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
+from ..ir.pieces import piece_op
 from .comm import Collective, groups_time
-from .compute import piece_op, piece_shapes, roofline
+from .compute import piece_shapes, roofline
 from .profile import Profile, piece_key
 
 
@@ -113,28 +114,49 @@ def layout_sources(pcg: PCG) -> list[int | None]:
     return out
 
 
-def _gather_then_replicate(pcg: PCG, layout: Sequence[int | None]) -> dict[int, int]:
+def gather_then_replicate(pcg: PCG, layout: Sequence[int | None]) -> dict[int, int]:
     """Pairs ``Combine(dim, d)``/``Reduction(d)`` -> ``Replicate(d)`` (first -> second): one
-    all-gather / all-reduce leaves the result on all ``d`` devices, so the pair is one collective."""
+    all-gather / all-reduce leaves the result on all ``d`` devices, so the pair is one
+    collective — when its groups of devices are the same before and after
+    (:func:`same_groups`; the runtime fuses exactly these). A gather whose result the graph
+    returns stays apart."""
     pairs = {}
+    returned = {r.node for r in pcg.outputs}
     for i, n in pcg:
         if not isinstance(n.op, ReplicateAttrs) or layout[i] is not None:
             continue
         j = n.inputs[0].node
         prev = pcg.nodes[j].op
         gathers = isinstance(prev, CombineAttrs) and prev.dim != REPLICA_DIM or isinstance(prev, ReductionAttrs)
-        if gathers and prev.degree == n.op.degree and len(pcg.consumers[j]) == 1:
+        if gathers and prev.degree == n.op.degree and len(pcg.consumers[j]) == 1 and j not in returned:
             pairs[j] = i
     return pairs
+
+
+def same_groups(pcg: PCG, j: int, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]) -> bool:
+    """Whether the gather/reduction ``j`` and the replicate ``i`` after it talk in the same
+    groups of devices (each group's ``d`` pieces before are its ``d`` copies after)."""
+    first, second = pcg.nodes[j], pcg.nodes[i]
+    x, d = pcg.shape(first.inputs[0]), first.op.degree
+    axis = (x.rank + 1 if reduces_copies(x) else x.rank) if isinstance(first.op, ReductionAttrs) else first.op.dim
+    try:
+        vin, vout = views[first.inputs[0].node], views[i]
+    except KeyError:  # a partial mapping (the machine-mapping DP's) has not placed both ends yet
+        return True
+    before = vin.groups(x, axis, d)
+    after = vout.groups(second.outputs[0], x.rank + 1, d)
+    return all(len(set(g)) == d for g in before) and \
+        sorted(tuple(sorted(g)) for g in before) == sorted(tuple(sorted(g)) for g in after)
 
 
 def _comm(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec,
           dtype: DType, fused: dict[int, int], profile: Profile | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of the collective a parallel op implies."""
     n = pcg.nodes[i]
-    if i in fused.values():
+    before = next((j for j, k in fused.items() if k == i), None)
+    if before is not None and same_groups(pcg, before, i, views):
         return 0.0, 0.0  # its gather or reduction already left the data everywhere
-    paired = i in fused
+    paired = i in fused and same_groups(pcg, i, fused[i], views)
     src = n.inputs[0]
     x, y = pcg.shape(src), n.outputs[0]
     vin, vout = views[src.node], views[i]
@@ -190,7 +212,7 @@ class CostContext:
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
         layout = tuple(layout_sources(pcg))
-        return CostContext(pcg, cluster, config, layout, _gather_then_replicate(pcg, layout))
+        return CostContext(pcg, cluster, config, layout, gather_then_replicate(pcg, layout))
 
 
 def node_cost(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]) -> NodeCost:
@@ -308,16 +330,17 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
     return events
 
 
+def stored_layout(pcg: PCG, layout: Sequence[int | None], i: int) -> bool:
+    """Whether layout node ``i`` is the end of its chain, kept for the step: something other
+    than a layout reads it, the graph returns it, or nothing reads it at all."""
+    users = pcg.consumers[i]
+    return any(layout[u] is None for u, _ in users) or not users or any(r.node == i for r in pcg.outputs)
+
+
 def _stored(pcg: PCG, layout: Sequence[int | None]) -> list[bool]:
     """Which nodes hold a buffer of their own during the step."""
-    out = []
-    for i, n in pcg:
-        if layout[i] is not None:
-            # A stored layout is the end of its chain: something other than a layout reads it.
-            out.append(any(layout[u] is None for u, _ in pcg.consumers[i]) or not pcg.consumers[i])
-        else:
-            out.append(not isinstance(n.op, ReshapeAttrs))
-    return out
+    return [stored_layout(pcg, layout, i) if layout[i] is not None else not isinstance(n.op, ReshapeAttrs)
+            for i, n in pcg]
 
 
 def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],

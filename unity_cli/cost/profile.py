@@ -65,7 +65,7 @@ _FLOAT_DTYPES = tuple(d.value for d in DType if d.is_float)
 def piece_key(op: Any, inputs: Sequence[TensorShape], outputs: Sequence[TensorShape]) -> str:
     """The DB key of one operator piece: ``<canonical attrs>|<input pieces>-><output pieces>``,
     e.g. ``{"kind":"Relu"...}|float32[4,32]->float32[4,32]``. ``op`` is the attrs the piece
-    runs with (:func:`unity_cli.cost.compute.piece_op`), shapes are piece shapes."""
+    runs with (:func:`unity_cli.ir.pieces.piece_op`), shapes are piece shapes."""
     return f"{attrs_key(op)}|{';'.join(map(str, inputs))}->{';'.join(map(str, outputs))}"
 
 

@@ -41,16 +41,17 @@ from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from ..ir.ops.gather_reduce import GatherAttrs, GatherNDAttrs
 from ..ir.ops.norm import BatchNormAttrs
 from ..ir.pcg import PCG
+from ..ir.pieces import piece_op
 from ..ir.shapes import TensorShape
+from ..runtime.threads import THREAD_VARS
 from .comm import INTER_NODE, INTRA_NODE, Collective
-from .compute import as_compute_dtype, piece_op
+from .compute import as_compute_dtype
 from .profile import FORMAT, Profile, piece_key
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "HYDI_CONTROL_FD", "PMIX_RANK", "MPI_LOCALNRANKS")
 """Variables an MPI launcher (MPICH's hydra, Open MPI, PMIx) sets in every rank."""
 
 MESSAGE_SIZES = tuple(8 * 8**k for k in range(8))  # 8 B .. 16 MiB, a factor of 8 apart
-_BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,34 +245,10 @@ def cupy_backend(rank: int = 0) -> Backend:
 
 
 def pick_backend(name: str = "auto", rank: int = 0) -> Backend:
-    """``numpy``, ``cupy``, or ``auto``: cupy if it imports and sees a GPU."""
-    if name == "numpy":
-        return numpy_backend()
-    try:
-        import cupy  # noqa: PLC0415
+    """``numpy``, ``cupy``, or ``auto`` (cupy if it imports and sees a GPU), as ``unity run`` picks."""
+    from ..runtime.device import array_module  # noqa: PLC0415
 
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return cupy_backend(rank)
-    except Exception as e:  # noqa: BLE001  (any cupy/driver failure: no GPU)
-        if name == "cupy":
-            raise UsageError(f"--backend cupy: cupy cannot use a GPU here ({type(e).__name__}: {e})") from None
-    if name == "cupy":
-        raise UsageError("--backend cupy: cupy sees no GPU here")
-    return numpy_backend()
-
-
-def blas_threads_for(cluster: ClusterSpec, device: DeviceType, environ: dict[str, str] | None = None) -> int | None:
-    """Limit BLAS to the cores one device of ``device`` gets (the node's cores divided by
-    its devices of that type, as ``unity run`` gives each rank), before numpy starts its
-    threads; returns the count set, or None when the user set one or it is a GPU."""
-    env = os.environ if environ is None else environ
-    if device.kind is not DeviceKind.CPU or any(v in env for v in _BLAS_VARS):
-        return None
-    per_node = max((n.devices for n in cluster.nodes if n.device.name == device.name), default=1)
-    threads = max(1, (os.cpu_count() or 1) // per_node)
-    for v in _BLAS_VARS:
-        env[v] = str(threads)
-    return threads
+    return cupy_backend(rank) if array_module(name, rank)[0] == "cupy" else numpy_backend()
 
 
 def machine_info(backend: Backend) -> dict[str, Any]:
@@ -284,7 +261,7 @@ def machine_info(backend: Backend) -> dict[str, Any]:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "backend": backend.name,
-        "blas_threads": next((os.environ[v] for v in _BLAS_VARS if v in os.environ), "default"),
+        "blas_threads": next((os.environ[v] for v in THREAD_VARS if v in os.environ), "default"),
         "unity": __version__,
     }
     if backend.name == "cupy":

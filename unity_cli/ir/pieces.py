@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .opspec import SUM, WHOLE, Role
+from .opspec import SUM, WHOLE, Role, spec_of
 from .pcg import Node
 from .shapes import ParallelTensorShape
 
@@ -111,9 +111,15 @@ def task_inputs(n: Node, shapes: Sequence[ParallelTensorShape]) -> TaskInputs:
     return TaskInputs(roles, tuple(term_of), contracted, tuple(shapes))
 
 
+def piece_op(op: Any, output: ParallelTensorShape) -> Any:
+    """Attributes for running an op on one piece, given its (first) output's parallel shape:
+    ops that name their full output shape (Reshape, Expand) get the piece's shape instead.
+    The runtime runs these attrs, the profiler times them and the cost model looks them up."""
+    if spec_of(op).kind in ("Reshape", "Expand"):
+        return dataclasses.replace(op, dims=output.piece.dims)
+    return op
+
+
 def piece_attrs(n: Node) -> Any:
-    """Attributes for running the kernel on one piece: ops that name their full output
-    shape (Reshape, Expand) get the piece's shape instead."""
-    if n.kind in ("Reshape", "Expand"):
-        return dataclasses.replace(n.op, dims=n.outputs[0].piece.dims)
-    return n.op
+    """:func:`piece_op` of a node."""
+    return piece_op(n.op, n.outputs[0])

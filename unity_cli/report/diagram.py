@@ -228,7 +228,8 @@ def group_summary(d: Diagram, k: int) -> tuple[str, dict[str, int], float, float
 def _group_box(d: Diagram, k: int, at: tuple[float, float]) -> str:
     g = d.groups[k]
     main, counts, comp, comm, rewrites = group_summary(d, k)
-    tip = [f"{g.label}: {len(g.nodes)} operators of {g.key}N",
+    what = f" of {g.key}N" if g.key else ""  # a group found by structure has no name to index
+    tip = [f"{g.label}: {len(g.nodes)} operators{what}",
            ", ".join(f"{n} {c}" for c, n in sorted(counts.items())),
            f"forward + backward: compute {ms(comp)}, communication {ms(comm)}", "click to expand"]
     tip += [f"rewrite {r + 1}" for r in rewrites]

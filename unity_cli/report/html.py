@@ -16,14 +16,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..cost.model import CostConfig, estimate
+from ..cost.model import CostConfig, CostReport, estimate
 from ..errors import ReportError
 from ..jsonfile import read_json
 from ..plan.plan import Plan
 from .diagram import CATEGORIES, GLYPHS, Diagram, build_diagram, render_group, render_overview
 from .markup import esc, ms, num
 from .operators import operator_rows
-from .summary import describe_cluster, fmt_bytes, plan_config
+from .summary import describe_cluster, fmt_bytes, plan_config, plan_profile
 from .timeline import KINDS, capacities, render_memory, render_timeline
 
 _NUMBER = (int, float)
@@ -64,13 +64,13 @@ class ReportOptions:
 def render_report(plan: Plan, measured: Mapping[str, Any] | None = None, title: str | None = None,
                   options: ReportOptions = ReportOptions()) -> str:
     """The whole page as a string."""
-    config = plan_config(plan)
+    profile, why = plan_profile(plan)
+    config = plan_config(plan, profile)
+    # Every number on the page comes from this one simulation of the plan.
     report = estimate(plan.pcg, plan.views, plan.cluster, config)
     diagram = build_diagram(plan, config, options.collapse, options.max_nodes)
     timeline, rows = render_timeline(report, plan.pcg, plan.cluster.num_devices, options.max_rows)
-    memory = plan.predicted.get("memory_bytes")
-    if not isinstance(memory, list) or len(memory) != plan.cluster.num_devices:
-        memory = list(report.memory)
+    memory = list(report.memory)
     limit = plan.config.get("memory_limit_bytes")
     name = title or Path(str(plan.model.get("path", "model"))).name
     parts = [
@@ -78,7 +78,7 @@ def render_report(plan: Plan, measured: Mapping[str, Any] | None = None, title: 
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>unity plan: {esc(name)}</title>", f"<script>{_ERRORS_JS}</script>",
         f"<style>{_asset('report.css')}</style></head><body>",
-        f"<h1>Plan for {esc(name)}</h1>", _facts(plan, report.step_time * 1e3),
+        f"<h1>Plan for {esc(name)}</h1>", _facts(plan, report, why),
         _diagram_section(plan, diagram),
         '<section id="timeline-section"><h2>One training step, predicted</h2>',
         '<div class="legend">' + "".join(f'<span><i class="sw {k}"></i>{esc(v)}</span>' for k, v in KINDS.items()) +
@@ -114,7 +114,7 @@ def _asset(name: str) -> str:
     return resources.files("unity_cli.report").joinpath("assets", name).read_text(encoding="utf-8")
 
 
-def _facts(plan: Plan, step_ms: float) -> str:
+def _facts(plan: Plan, report: CostReport, why: str | None) -> str:
     m, p = plan.model, plan.predicted
     inputs = ", ".join(f"{k}[{','.join(map(str, v['dims']))}]" for k, v in sorted(m.get("inputs", {}).items()))
     rows = [("model", f"<code>{esc(m.get('path', '?'))}</code> ({esc(inputs)}), sha256 "
@@ -122,10 +122,12 @@ def _facts(plan: Plan, step_ms: float) -> str:
             ("cluster", esc(f"{describe_cluster(plan.cluster)} ({plan.cluster.num_devices} devices)")),
             ("training", esc(f"{plan.config.get('dtype')}, {plan.config.get('optimizer')}")),
             ("strategy", f"<b>{esc(plan.strategy)}</b> on {esc(p.get('devices', plan.devices))} devices"),
-            ("predicted step", esc(ms(step_ms)) + f" (compute {esc(ms(p.get('compute_ms', 0.0)))}, "
-                                                  f"communication {esc(ms(p.get('comm_ms', 0.0)))})"),
-            ("peak memory", esc(fmt_bytes(p.get("max_memory_bytes", 0))) + " per device"),
+            ("predicted step", esc(ms(report.step_time * 1e3)) + f" (compute {esc(ms(report.compute_time * 1e3))}, "
+                                                               f"communication {esc(ms(report.comm_time * 1e3))})"),
+            ("peak memory", esc(fmt_bytes(max(report.memory, default=0))) + " per device"),
             ("rewrites", str(len(plan.rewrites)))]
+    if why:
+        rows.append(("note", esc(why)))
     if plan.search.get("candidates") is not None:
         rows.append(("search", esc(f"{plan.search['candidates']} candidates")))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"

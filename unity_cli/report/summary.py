@@ -36,12 +36,14 @@ def describe_cluster(c: ClusterSpec) -> str:
     return f"{c.name}: " + " + ".join(parts)
 
 
-def plan_config(plan: Plan) -> CostConfig:
+def plan_config(plan: Plan, profile: Profile | None = None) -> CostConfig:
     """The cost config a plan was made with. Its profile, if it names one, is used when the
-    file is still there with the same content; otherwise operators cost the roofline."""
+    file is still there with the same content (``plan_profile``; pass it when already
+    loaded); otherwise operators cost the roofline."""
     c = plan.config
-    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"),
-                      plan_profile(plan)[0])
+    if profile is None:
+        profile = plan_profile(plan)[0]
+    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"), profile)
 
 
 def plan_profile(plan: Plan) -> tuple[Profile | None, str | None]:

@@ -14,12 +14,11 @@ from typing import Any
 import numpy as np
 
 from ..ir.pcg import PCG
-from .comm import make_comm, mpi
-from .executor import Executor
+from .comm import mpi
+from .executor import build_executor
 from .loss import LossKind
-from .optim import Optimizer, OptimizerConfig
-from .program import build_program, single_device_views
-from .weights import ParamStore
+from .optim import OptimizerConfig
+from .program import single_device_views
 
 RTOL = 1e-4
 TINY = 1e-30
@@ -31,11 +30,8 @@ class Reference:
     def __init__(self, pcg: PCG, backend: str, xp: Any, weights: Mapping[str, np.ndarray],
                  constants: Mapping[str, np.ndarray], loss: LossKind, optimizer: OptimizerConfig):
         class_axis = pcg.shape(pcg.outputs[0]).rank - 1 if loss is LossKind.CROSS_ENTROPY else None
-        program = build_program(pcg, single_device_views(pcg), class_axis)
-        comm = make_comm(backend, mpi().COMM_SELF)
-        comm.setup_groups(program.groups)
-        self.params = ParamStore(program, comm, xp, weights, Optimizer(optimizer, xp))
-        self.executor = Executor(program, comm, xp, self.params, loss, constants)
+        _, _, self.params, self.executor = build_executor(pcg, single_device_views(pcg), class_axis, backend,
+                                                          mpi().COMM_SELF, xp, weights, optimizer, loss, constants)
 
     def step(self, inputs: Mapping[str, Any], target: Any) -> float:
         return self.executor.step(inputs, target)

@@ -52,6 +52,7 @@ class _Mine:
     task: Task | None = None
     ti: int = -1
     recv: list[tuple[int, int, tuple[int, ...], Any]] = field(default_factory=list)  # (read, src, shape, dtype)
+    remote: frozenset[int] = frozenset()             # the reads that ``recv`` brings (set once planned)
     send: list[tuple[int, Read]] = field(default_factory=list)                     # (dest, read)
     colls: list[Collective] = field(default_factory=list)
     covered: set[int] = field(default_factory=set)   # reads of my task a collective supplies
@@ -111,6 +112,7 @@ class Executor:
             m.attrs = piece_attrs(node)
             if node.kind == "Gather" and m.task is not None:
                 m.gather = self._gather_shift(step.node, m.task)
+        m.remote = frozenset(ri for ri, *_ in m.recv)
         m.free = [ref for ref, last in p.last_read.items()
                   if last == k and ref != p.output and p.layout[ref.node] is None]
         return m
@@ -406,7 +408,7 @@ class Executor:
         for _, buf, rd in recvs:
             self._accumulate(rd.ref, buf, rd.region)
         if t is not None:
-            remote = {ri for ri, *_ in m.recv}
+            remote = m.remote
             for ri, rd in enumerate(t.reads):
                 if ri in remote or ri in m.covered or rd.src == LOCAL or rd.ref not in p.has_grad:
                     continue

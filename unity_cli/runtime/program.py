@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ..cluster.machine_view import MachineView
-from ..cost.model import layout_sources
+from ..cost.model import gather_then_replicate, layout_sources, stored_layout
 from ..errors import PlanError
 from ..ir.ops.parallel import REPLICA_DIM, reduces_copies
 from ..ir.ops.sources import WeightAttrs
@@ -325,22 +325,10 @@ class _Builder:
         return tuple(out)
 
     def _fused_pairs(self) -> dict[int, int]:
-        """``Reduction(d)``/``Combine(dim, d)`` -> ``Replicate(d)`` pairs whose every group of
-        devices is the same before and after: one all-reduce / all-gather each."""
-        pcg = self.pcg
-        pairs = {}
-        for p, n in pcg:
-            if n.kind != "Replicate" or self.layout[p] is not None:
-                continue
-            r = n.inputs[0].node
-            prev = pcg.nodes[r]
-            gathers = prev.kind == "Combine" and prev.op.dim != REPLICA_DIM or prev.kind == "Reduction"
-            if not gathers or prev.op.degree != n.op.degree or len(pcg.consumers[r]) != 1 \
-                    or TensorRef(r) == pcg.outputs[0]:
-                continue
-            if self._fused_groups(r, p) is not None:
-                pairs[r] = p
-        return pairs
+        """The pairs the cost model prices as one all-reduce / all-gather
+        (``cost.model.gather_then_replicate``) whose groups of devices agree."""
+        pairs = gather_then_replicate(self.pcg, self.layout)
+        return {r: p for r, p in pairs.items() if self._fused_groups(r, p) is not None}
 
     def _fused_groups(self, r: int, p: int) -> list[tuple[Group, tuple[int, ...]]] | None:
         """Per group of the pair: its ranks and the slice each holds (all-gather), or None
@@ -404,7 +392,7 @@ class _Builder:
     def _param(self, w: int) -> ParamPlan:
         pcg = self.pcg
         n = pcg.nodes[w]
-        residents = [i for i, m in pcg if self.layout[i] == w and self._stored(i)]
+        residents = [i for i, m in pcg if self.layout[i] == w and stored_layout(pcg, self.layout, i)]
         regions: dict[int, list[tuple[int, Region, float]]] = {}
         for i in residents:
             shape = pcg.nodes[i].outputs[0]
@@ -433,12 +421,6 @@ class _Builder:
                 group[rank] = everyone
                 pieces[rank] = tuple((i, reg, s) for i, reg, s in rs)
         return ParamPlan(w, n.name, dims, master, group, pieces)
-
-    def _stored(self, i: int) -> bool:
-        """A layout node something other than a layout reads (or the graph returns)."""
-        pcg = self.pcg
-        return any(self.layout[u] is None for u, _ in pcg.consumers[i]) or \
-            any(r.node == i for r in pcg.outputs)
 
     # -- loss --------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _LOCAL_SIZE = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE")
 
 
@@ -18,9 +18,9 @@ def share_cores(environ: dict[str, str] | None = None) -> int | None:
     the count set, or None when there is one rank or the user chose."""
     env = os.environ if environ is None else environ
     local = next((int(env[k]) for k in _LOCAL_SIZE if env.get(k, "").isdigit()), 1)
-    if local <= 1 or any(v in env for v in _VARS):
+    if local <= 1 or any(v in env for v in THREAD_VARS):
         return None
     threads = max(1, (os.cpu_count() or 1) // local)
-    for v in _VARS:
+    for v in THREAD_VARS:
         env[v] = str(threads)
     return threads

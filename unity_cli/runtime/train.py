@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import PlanError, RunError, UnityError, UsageError
 from ..plan.plan import Plan, load_plan
 from .comm import Comm, mpi
 from .data import Data, gather_tables, read_npz
+from .device import array_module
 from .loss import LossKind, choose_loss
 from .model_io import import_for_plan, resolve_model, save_trained, weight_values
 from .optim import OptimizerConfig
@@ -127,7 +126,6 @@ class _Job:
     comm: Comm
     xp: Any
     backend: str
-    program: Any
     params: ParamStore
     executor: Any
     data: Data
@@ -144,7 +142,7 @@ def run_plan(opts: RunOptions) -> RunOutcome:
     rank, size = world.Get_rank(), world.Get_size()
     job, err = None, None
     try:
-        job = _setup(opts, world)
+        job = setup_job(opts, world)
     except UnityError as e:
         err = _line(e)
         if opts.debug:
@@ -177,32 +175,8 @@ def _line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
-def _backend(name: str, rank: int) -> tuple[str, Any]:
-    if name not in ("auto", "numpy", "cupy"):
-        raise UsageError(f"--backend {name!r}: expected auto, numpy or cupy")
-    if name == "numpy":
-        return "numpy", np
-    try:
-        import cupy  # noqa: PLC0415  (optional: the [gpu] extra)
-
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception:
-        count = 0
-        cupy = None
-    if not count:
-        if name == "cupy":
-            raise UsageError("--backend cupy: cupy is not installed or sees no GPU (pip install -e '.[gpu]')")
-        return "numpy", np
-    cupy.cuda.Device(rank % count).use()
-    return "cupy", cupy
-
-
 def setup_job(opts: RunOptions, world: Any) -> _Job:
     """Everything a rank needs to train with a plan (the profiler times real steps with it)."""
-    return _setup(opts, world)
-
-
-def _setup(opts: RunOptions, world: Any) -> _Job:
     if opts.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {opts.steps}")
     plan = load_plan(opts.plan)
@@ -214,7 +188,7 @@ def _setup(opts: RunOptions, world: Any) -> _Job:
             f"job has {size} rank{'s' * (size != 1)}: run it with mpiexec -n {need}, or re-plan for this job "
             f"(for 2 ranks on this machine: unity optimize {plan.model.get('path', 'MODEL')} "
             f"--cluster {LOCAL_CPU})")
-    backend, xp = _backend(opts.backend, world.Get_rank())
+    backend, xp = array_module(opts.backend, world.Get_rank())
     model = resolve_model(plan, opts.model)
     imported = import_for_plan(model, plan)
     warnings = []
@@ -244,10 +218,9 @@ def _setup(opts: RunOptions, world: Any) -> _Job:
                 raise RunError(f"the {which}'s node {n.name!r} is a {n.kind}, which has no runtime kernel yet")
     from .executor import build_executor  # noqa: PLC0415  (imports the kernels)
 
-    program, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
+    _, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
                                                      values.trainable, optimizer, loss, values.constants)
-    return _Job(plan, model, comm, xp, backend, program, params, executor, data, loss, optimizer, imported,
-                values, warnings)
+    return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
 
 
 def _fault_step(rank: int) -> int | None:
@@ -298,7 +271,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
         return RunOutcome(None, "--check failed" if failure else None, False)
     saved = None
     if opts.save:
-        save_trained(job.model, opts.save, {**final})
+        save_trained(job.model, opts.save, final)
         saved = opts.save
     report = RunReport(opts.plan, job.plan.strategy, comm.size, job.backend, job.loss.value,
                        job.optimizer.kind.value, job.optimizer.lr, opts.steps, losses, step_ms,

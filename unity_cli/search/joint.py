@@ -58,11 +58,12 @@ class SearchStats:
 
     def __add__(self, other: SearchStats) -> SearchStats:
         """Two searches run one after the other, as one."""
-        return SearchStats(self.candidates + other.candidates, self.expanded + other.expanded,
-                           self.rules_applied + other.rules_applied, self.seconds + other.seconds,
-                           self.timed_out or other.timed_out, self.capped or other.capped,
-                           self.converged and other.converged, max(self.segments, other.segments),
-                           max(self.segment_problems, other.segment_problems))
+        return SearchStats(candidates=self.candidates + other.candidates, expanded=self.expanded + other.expanded,
+                           rules_applied=self.rules_applied + other.rules_applied,
+                           seconds=self.seconds + other.seconds, timed_out=self.timed_out or other.timed_out,
+                           capped=self.capped or other.capped, converged=self.converged and other.converged,
+                           segments=self.segments + other.segments,
+                           segment_problems=self.segment_problems + other.segment_problems)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class JointSearch:
     degrees: tuple[int, ...] = ()
     progress: Callable[[SearchStats, float, float], None] | None = None
     stats: SearchStats = field(default_factory=SearchStats)
+    _improved_at: int = field(default=0, init=False, repr=False)   # candidates costed at the last improvement
 
     def __post_init__(self) -> None:
         if not self.degrees:
@@ -89,20 +91,20 @@ class JointSearch:
         views = default_views(pcg)
         return views, estimate(pcg, views, self.cluster, self.config)
 
-    def run(self, starts: Sequence[tuple[str, PCG] | tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
-        """The best graph found from ``starts`` (name, graph[, rewrites that made it])."""
+    def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
+        """The best graph found from ``starts`` (name, graph, the rewrites that made it)."""
         t0 = time.monotonic()
         deadline = t0 + self.budget
         seen: set[str] = set()
         heap: list = []
         best: Found | None = None
-        for name, g, *path in starts:
+        for name, g, path in starts:
             g = simplify(g)
             if g.unordered_hash in seen:
                 continue
             seen.add(g.unordered_hash)
             views, rep = self.cost(g)
-            f = Found(g, views, rep, name, path[0] if path else ())
+            f = Found(g, views, rep, name, path)
             self.stats.candidates += 1
             best = _better(best, f)
             heapq.heappush(heap, (_key(rep), g.unordered_hash, f))
@@ -121,7 +123,7 @@ class JointSearch:
                 views, rep = self.cost(new.pcg)
                 self.stats.candidates += 1
                 f = Found(new.pcg, views, rep, cur.start, new.path)
-                if _better(best, f) is f and _faster(rep, best.report):
+                if _faster(rep, best.report):
                     self._improved_at = self.stats.candidates
                 best = _better(best, f)
                 if rep.feasible and rep.step_time <= self.alpha * best.report.step_time:

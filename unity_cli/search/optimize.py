@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..cluster.machine_view import MachineView, devices_used
 from ..cluster.spec import ClusterSpec
@@ -46,21 +46,18 @@ MAPPING_SECONDS = 2.0
 """Time the machine-mapping DP may take per strategy before the default views are kept
 (a thousand-node graph such as DenseNet would otherwise spend longer mapping than searching)."""
 
-_mapped: dict[tuple, tuple | None] = {}
-
-
 def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
-             seconds: float | None = MAPPING_SECONDS) -> Candidate:
+             seconds: float | None = MAPPING_SECONDS, cache: dict | None = None) -> Candidate:
     """Cost a strategy under the default views and under the machine-mapping DP's (given at
-    most ``seconds``); keep the faster."""
+    most ``seconds``; None: bounded by its state budget only); keep the faster. ``cache``
+    keeps one run's mappings by graph: the searches often return a graph a baseline is."""
     validate(baseline.pcg)
     best = None
-    key = (baseline.pcg.canonical_hash, cluster, config, seconds is None)
-    if key not in _mapped:  # the searches often return a graph a baseline already is
-        if len(_mapped) > 64:
-            _mapped.clear()
-        _mapped[key] = dp_map(baseline.pcg, cluster, config, seconds=seconds)
-    mapped = _mapped[key]
+    cache = {} if cache is None else cache
+    key = baseline.pcg.canonical_hash
+    if key not in cache:
+        cache[key] = dp_map(baseline.pcg, cluster, config, seconds=seconds)
+    mapped = cache[key]
     options = [default_views(baseline.pcg)] + ([mapped[1]] if mapped else [])
     for views in options:
         report = estimate(baseline.pcg, views, cluster, config)
@@ -69,11 +66,30 @@ def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
     return best
 
 
-def _starts(pcg: PCG, candidates: dict[str, Candidate]) -> list[tuple[str, PCG]]:
-    return [("plain", pcg)] + [(n, c.baseline.pcg) for n, c in sorted(candidates.items()) if n in STRATEGIES]
+@dataclass
+class _Evaluator:
+    """How one optimize run costs a strategy: one mapping cache, and a mapping time limit
+    out of the run's budget — none with a candidate cap, so that a capped plan does not
+    depend on the machine's speed."""
+
+    cluster: ClusterSpec
+    config: CostConfig
+    budget: float
+    deadline: float
+    capped: bool
+    cache: dict = field(default_factory=dict)
+
+    def __call__(self, baseline: Baseline) -> Candidate:
+        seconds = None if self.capped else \
+            min(MAPPING_SECONDS, 0.1 * self.budget, max(0.05, self.deadline - time.monotonic()))
+        return evaluate(baseline, self.cluster, self.config, seconds, self.cache)
 
 
-def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
+def _starts(pcg: PCG, candidates: dict[str, Candidate]) -> list[tuple[str, PCG, tuple]]:
+    return [("plain", pcg, ())] + [(n, c.baseline.pcg, ()) for n, c in sorted(candidates.items()) if n in STRATEGIES]
+
+
+def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
     """Algebraic and parallelization rules together (the joint search). A large graph is
     first solved segment by segment (half the budget); the stitched result is one more start."""
     t0 = time.monotonic()
@@ -81,31 +97,27 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     seg, seg_stats = search_segments(pcg, cluster, config, rules, budget / 2, alpha, batch_size(pcg),
                                      max_candidates=half, progress=progress)
     starts = _starts(pcg, candidates) + ([("segments", seg.pcg, seg.path)] if seg is not None else [])
-    spent = seg_stats.search.candidates if seg_stats.search else 0
-    left = None if cap is None else max(1, cap - spent)
+    left = None if cap is None else max(1, cap - seg_stats.candidates)
     search = JointSearch(cluster, config, rules, budget=max(0.0, budget - (time.monotonic() - t0)), alpha=alpha,
                          progress=progress, max_candidates=left)
     found = search.run(starts)
-    stats = search.stats if seg_stats.search is None else seg_stats.search + search.stats
-    stats.segments, stats.segment_problems = seg_stats.segments, seg_stats.distinct
-    return found, stats
+    return found, seg_stats + search.stats
 
 
-def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
+def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
     """FlexFlow-like: the same search with parallelization rules only."""
     search = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget, alpha=alpha,
                          progress=progress, max_candidates=cap)
     return search.run(_starts(pcg, candidates)), search.stats
 
 
-def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap):
+def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
     """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize."""
     half = None if cap is None else max(1, cap // 2)
     one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel], budget=budget / 2,
                       alpha=alpha, progress=progress, max_candidates=half)
-    rewritten = one.run([("plain", pcg)])
-    seconds = None if cap is not None else _mapping_seconds(budget)
-    base = {name: evaluate(fn(rewritten.pcg, cluster), cluster, config, seconds) for name, fn in STRATEGIES.items()}
+    rewritten = one.run([("plain", pcg, ())])
+    base = {name: ev(fn(rewritten.pcg, cluster)) for name, fn in STRATEGIES.items()}
     two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget / 2, alpha=alpha,
                       progress=progress, max_candidates=half)
     found = two.run(_starts(rewritten.pcg, base))
@@ -126,11 +138,8 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     if strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)})")
     deadline = time.monotonic() + budget  # the budget covers the whole run, baselines included
-    # With a candidate cap the plan must not depend on the machine's speed: the mapping DP
-    # is then bounded by its state budget only.
-    capped = max_candidates is not None
-    candidates = {name: evaluate(fn(pcg, cluster), cluster, config, None if capped else _mapping_seconds(budget))
-                  for name, fn in STRATEGIES.items()}
+    ev = _Evaluator(cluster, config, budget, deadline, capped=max_candidates is not None)
+    candidates = {name: ev(fn(pcg, cluster)) for name, fn in STRATEGIES.items()}
     if strategy in SEARCHES or strategy == "best":
         # The joint search reports the two search baselines too, each with a share of the budget.
         joint = strategy in ("best", "unity")
@@ -144,10 +153,9 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
             cap = None if max_candidates is None else max(1, int(max_candidates * shares[name]))
             left = deadline - reserve - time.monotonic()
             share = max(0.05 * budget * shares[name], left * shares[name] / sum(shares[r] for r in runs[k:]))
-            found, stats = _SEARCH[name](pcg, cluster, config, rules, share, alpha, progress, candidates, cap)
-            seconds = None if capped else min(MAPPING_SECONDS, max(0.05, deadline - time.monotonic()))
-            candidates[name] = evaluate(Baseline(name, found.pcg, devices_used(found.pcg, found.views),
-                                                 f"search from {found.start}"), cluster, config, seconds)
+            found, stats = _SEARCH[name](pcg, cluster, config, rules, share, alpha, progress, candidates, cap, ev)
+            candidates[name] = ev(Baseline(name, found.pcg, devices_used(found.pcg, found.views),
+                                           f"search from {found.start}"))
             found_by[name] = (found, stats)
         name = _fastest(candidates) if strategy == "best" else strategy
         chosen = candidates[name]
@@ -161,11 +169,6 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     if not chosen.report.feasible:
         raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}")
     return SearchResult(chosen, candidates)
-
-
-def _mapping_seconds(budget: float) -> float:
-    """What mapping one baseline may take out of the run's budget."""
-    return min(MAPPING_SECONDS, 0.1 * budget)
 
 
 def _fastest(candidates: dict[str, Candidate]) -> str:

@@ -27,18 +27,19 @@ from ..ir.simplify import simplify
 from ..ir.validate import problems
 from ..substitutions.rule import Rule
 from .baselines import STRATEGIES, largest_divisor_at_most, propagate
-from .joint import Found, JointSearch, SearchStats
+from .joint import Applied, Found, JointSearch, SearchStats
 from .split import Layout, SegmentGraph, reshard_outputs, segment_graph, split, stitch
 
 MAX_SEGMENT = 48
 """Compute nodes per segment: small enough that a segment costs in about a millisecond."""
 
 
-@dataclass
-class SegmentStats:
-    segments: int = 0
-    distinct: int = 0              # stand-alone problems solved (segments x layout pairs, deduplicated)
-    search: SearchStats | None = None
+@dataclass(frozen=True)
+class Stitched:
+    """The whole graph made of the chosen segment solutions, and the rewrites they applied."""
+
+    pcg: PCG
+    path: tuple[Applied, ...]
 
 
 def boundary_layouts(cluster: ClusterSpec, batch: int) -> list[tuple[str, Layout]]:
@@ -61,7 +62,7 @@ def _batch_layout(d: int) -> Layout:
     return layout
 
 
-def starts_for(seg: SegmentGraph, cluster: ClusterSpec, layout_out: Layout | None) -> list[tuple[str, PCG]]:
+def starts_for(seg: SegmentGraph, cluster: ClusterSpec, layout_out: Layout | None) -> list[tuple[str, PCG, tuple]]:
     """The baselines applied to a segment, on one device and by each strategy, with the
     outputs brought to ``layout_out``."""
     raw = seg.pcg
@@ -73,16 +74,17 @@ def starts_for(seg: SegmentGraph, cluster: ClusterSpec, layout_out: Layout | Non
             g = simplify(reshard_outputs(make(), seg.final, layout_out))
         except ShapeError:
             continue
-        out.append((name, g))
+        out.append((name, g, ()))
     return out
 
 
 def search_segments(pcg: PCG, cluster: ClusterSpec, config: CostConfig, rules: Sequence[Rule], budget: float,
                     alpha: float, batch: int, max_candidates: int | None = None,
                     progress: Callable | None = None,
-                    max_nodes: int = MAX_SEGMENT) -> tuple[Found | None, SegmentStats]:
-    """The stitched graph of the best per-segment solutions, or None for a graph too small to split."""
-    stats = SegmentStats()
+                    max_nodes: int = MAX_SEGMENT) -> tuple[Stitched | None, SearchStats]:
+    """The stitched graph of the best per-segment solutions (None for a graph too small to
+    split), and the statistics of all the segment searches together."""
+    stats = SearchStats()
     segs = split(pcg, max_nodes)
     if len(segs) < 2:
         return None, stats
@@ -108,7 +110,7 @@ def search_segments(pcg: PCG, cluster: ClusterSpec, config: CostConfig, rules: S
                 distinct.setdefault(key, (info, lout))
                 table[(a, c)] = (info, key)
         problems_of.append(table)
-    stats.distinct = len(distinct)
+    stats.segment_problems = len(distinct)
     share = budget / max(1, len(distinct))
     cap = None if max_candidates is None else max(1, max_candidates // max(1, len(distinct)))
     solved: dict[str, Found] = {}
@@ -119,7 +121,7 @@ def search_segments(pcg: PCG, cluster: ClusterSpec, config: CostConfig, rules: S
         search = JointSearch(cluster, config, rules, budget=share, alpha=alpha, progress=progress,
                              max_candidates=cap)
         solved[key] = search.run(starts)
-        stats.search = search.stats if stats.search is None else stats.search + search.stats
+        stats = stats + search.stats
     # Chain DP over boundary layouts: best[k] = the cheapest solutions of the segments so
     # far that leave their boundary in layout k.
     best: dict[int, tuple[float, list[tuple[SegmentGraph, str]]]] = {0: (0.0, [])}
@@ -147,4 +149,4 @@ def search_segments(pcg: PCG, cluster: ClusterSpec, config: CostConfig, rules: S
     if problems(whole):
         return None, stats
     path = tuple(replace(a, at=info.names.get(a.at, a.at)) for info, key in chosen for a in solved[key].path)
-    return Found(whole, (), solved[chosen[0][1]].report, "segments", path), stats
+    return Stitched(whole, path), stats

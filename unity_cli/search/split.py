@@ -99,7 +99,7 @@ class SegmentGraph:
     segments give identical graphs, and the maps back to the whole graph."""
 
     pcg: PCG
-    boundary: tuple[TensorRef, ...]     # whole-graph tensor behind each input "b<k>"
+    boundary: dict[str, TensorRef]      # boundary input name ("b<k>") -> the whole-graph tensor behind it
     sources: dict[str, str]             # canonical source name -> whole-graph source name
     names: dict[str, str]               # canonical compute-node name -> whole-graph name
     outputs: tuple[TensorRef, ...]      # whole-graph tensor behind each output
@@ -134,7 +134,8 @@ def segment_graph(pcg: PCG, seg: Segment, layout_in: Layout | None) -> SegmentGr
         for k, o in enumerate(outs):
             remap[TensorRef(n, k)] = o
     final = tuple(r in set(pcg.outputs) for r in seg.outputs)
-    return SegmentGraph(b.build([remap[r] for r in seg.outputs]), seg.inputs, sources, names, seg.outputs, final)
+    boundary = {f"b{k}": r for k, r in enumerate(seg.inputs)}
+    return SegmentGraph(b.build([remap[r] for r in seg.outputs]), boundary, sources, names, seg.outputs, final)
 
 
 def reshard_outputs(pcg: PCG, final: Sequence[bool], layout: Layout | None) -> PCG:
@@ -161,8 +162,8 @@ def stitch(pcg: PCG, parts: Sequence[tuple[SegmentGraph, PCG]]) -> PCG:
         local: dict[TensorRef, TensorRef] = {}
         for i, n in solved:
             if n.spec.is_source:
-                if n.name.startswith("b") and n.name[1:].isdigit():
-                    ref = produced[info.boundary[int(n.name[1:])]]
+                if n.name in info.boundary:
+                    ref = produced[info.boundary[n.name]]
                     local[TensorRef(i, 0)] = reshard(b, ref, n.outputs[0])
                     continue
                 real = info.sources[n.name]
