@@ -22,6 +22,8 @@ import numpy as np
 import onnx
 from models.zoo9 import ZOO9
 
+from unity_cli.zoo.net import external_ref
+
 SHARED_MODELS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "models"
 EXPORTED_DIR = Path(__file__).resolve().parent / "exported"
 
@@ -89,14 +91,7 @@ def list_exported(which: Sequence[tuple[str, InputShapes]] = EXPORTED_MODELS,
 
 def absent_initializer(name: str, dims: Sequence[int]) -> onnx.TensorProto:
     """A float initializer whose data lives in an external file that does not exist (shape only)."""
-    t = onnx.TensorProto()
-    t.name, t.data_type = name, onnx.TensorProto.FLOAT
-    t.dims.extend(dims)
-    t.data_location = onnx.TensorProto.EXTERNAL
-    for k, v in (("location", "absent.bin"), ("offset", "0"), ("length", str(int(np.prod(dims)) * 4))):
-        e = t.external_data.add()
-        e.key, e.value = k, v
-    return t
+    return external_ref(name, list(dims), "absent.bin")
 
 
 def mlp_model(path: Path, d_in: int = 16, hidden: int = 32, d_out: int = 8, shape_only: bool = False) -> Path:

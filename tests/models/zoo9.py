@@ -30,6 +30,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from unity_cli.zoo.net import external_ref
+
 OPSET = 9
 IR_VERSION = 4
 BATCH = "N"
@@ -67,16 +69,8 @@ class _Builder:
                 arr = self.rng.random(dims, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
             t = numpy_helper.from_array(arr.astype(np.float32), name)
         else:
-            t = TensorProto()
-            t.name = name
-            t.data_type = TensorProto.FLOAT
-            t.dims.extend(dims)
+            t = external_ref(name, dims, f"{self.name}.weights.bin", self._offset)
             nbytes = int(np.prod(dims, dtype=np.int64)) * 4
-            t.data_location = TensorProto.EXTERNAL
-            for k, v in (("location", f"{self.name}.weights.bin"),
-                         ("offset", str(self._offset)), ("length", str(nbytes))):
-                e = t.external_data.add()
-                e.key, e.value = k, v
             self._offset += (nbytes + 4095) // 4096 * 4096
         self.inits.append(t)
         self.init_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))

@@ -26,6 +26,20 @@ ALIGN = 4096       # external tensors start on page boundaries, as onnx's own wr
 Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
 
+
+def external_ref(name: str, dims: tuple[int, ...] | list[int], location: str, offset: int = 0) -> TensorProto:
+    """A float32 initializer whose data is ``4 * prod(dims)`` bytes at ``offset`` of the file
+    ``location`` (which need not exist: planning needs shapes, not values). onnx's own
+    ``set_external_data`` wants the data in hand, so the reference is written here."""
+    t = TensorProto()
+    t.name, t.data_type = name, TensorProto.FLOAT
+    t.dims.extend(int(d) for d in dims)
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(math.prod(dims) * 4))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
 class WeightMode(enum.Enum):
     """Where initializer values go."""
 
@@ -122,21 +136,13 @@ class Net:
         if mode is WeightMode.INLINE:
             self.inits.append(numpy_helper.from_array(init(self.rng, dims).astype(np.float32), name))
             return name
-        t = TensorProto()
-        t.name, t.data_type = name, TensorProto.FLOAT
-        t.dims.extend(dims)
-        t.data_location = TensorProto.EXTERNAL
-        nbytes = math.prod(dims) * 4
+        t = external_ref(name, dims, self.weights.location, self._offset)
         if mode is WeightMode.EXTERNAL:
             sink = self.weights.sink
             assert sink is not None, "external weights need a data file to stream to"
             sink.seek(self._offset)
             sink.write(init(self.rng, dims).astype("<f4").tobytes())
-        for k, v in (("location", self.weights.location), ("offset", str(self._offset)),
-                     ("length", str(nbytes))):
-            e = t.external_data.add()
-            e.key, e.value = k, v
-        self._offset += -(-nbytes // ALIGN) * ALIGN
+        self._offset += -(-math.prod(dims) * 4 // ALIGN) * ALIGN
         self.inits.append(t)
         return name
 
