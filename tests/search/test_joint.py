@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import onnx
 import pytest
 
 from unity_cli.cluster import load_cluster
@@ -112,3 +113,19 @@ def test_joint_search_beats_both_search_baselines(tmp_path, cluster_dir, rules):
     made_the_difference = [a for a in unity.rewrites if a.rule_name == RELU_THROUGH_CONCAT]
     assert made_the_difference and made_the_difference[0].reverse and made_the_difference[0].at == "relu"
     assert not any(a.rule_name == RELU_THROUGH_CONCAT for a in po.rewrites + atp.rewrites)
+
+
+def test_a_search_never_returns_less_than_the_baselines_it_started_from(tmp_path, cluster_dir, rules):
+    """AlexNet on 192 V100s: the search ranks graphs under default views, where a graph can
+    beat tensor parallelism and then lose to it once the mapping DP places both; the search
+    must then keep the baseline."""
+    from models.catalog import zoo9_model
+
+    path = tmp_path / "alexnet.onnx"
+    onnx.save(zoo9_model("alexnet"), path)
+    pcg = import_model(path, ImportOptions(batch_size=192)).pcg
+    cluster = load_cluster(cluster_dir / "summit-192.yaml")
+    res = optimize(pcg, cluster, CostConfig(), "best", rules, budget=120, max_candidates=200)
+    t = {k: c.report.step_time for k, c in res.candidates.items()}
+    for search in ("unity", "parallel_only"):
+        assert t[search] <= min(t["data_parallel"], t["tensor_parallel"]) * (1 + 1e-9), (search, t)
