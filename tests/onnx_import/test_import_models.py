@@ -170,6 +170,28 @@ def test_bert_tiny_weights(shared_models):
                            if isinstance(n.op, WeightAttrs) and n.op.trainable)
 
 
+def test_constant_folding_keeps_the_source_ir_version(shared_models, monkeypatch):
+    """An onnxruntime older than the onnx package reads only older IR versions: the
+    one-node models that fold constants must carry the source model's IR version, or
+    every fold falls to the reference evaluator (whose GatherElements fails on bert_tiny's
+    512-long position axis: onnxruntime 1.30 with onnx 1.23 did exactly this)."""
+    from unity_cli.onnx_import import convert  # noqa: PLC0415
+
+    path = shared_models / "bert_tiny.onnx"
+    source_ir = onnx.load(str(path), load_external_data=False).ir_version
+    run_ort, seen = convert._run_ort, []
+
+    def old_runtime(model, feeds):
+        seen.append(model.ir_version)
+        if model.ir_version > source_ir:
+            raise RuntimeError(f"Unsupported model IR version: {model.ir_version}")
+        return run_ort(model, feeds)
+
+    monkeypatch.setattr(convert, "_run_ort", old_runtime)
+    import_model(path, ImportOptions(4))
+    assert seen and set(seen) == {source_ir}
+
+
 @pytest.mark.parametrize("filename", ["convnet_tiny.onnx", "convnet_tiny_dynamo.onnx"])
 def test_convnet_tiny_weights(shared_models, filename):
     imported = import_model(shared_models / filename, ImportOptions(4))

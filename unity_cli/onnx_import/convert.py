@@ -310,8 +310,7 @@ class _Importer:
         graph_inputs = [onnx.helper.make_tensor_value_info(n, _onnx_type(self.shapes[n].dtype), self.shapes[n].dims)
                         for n in names]
         outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
-        g = onnx.helper.make_graph([node], "shape", graph_inputs, outputs)
-        m = onnx.helper.make_model(g, opset_imports=list(self.model.opset_import))
+        m = self._one_node_model(node, "shape", graph_inputs, outputs)
         try:
             inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True).graph.output
         except Exception:
@@ -332,13 +331,22 @@ class _Importer:
         self.folded += 1
         return True
 
+    def _one_node_model(self, node: onnx.NodeProto, name: str, inputs: list, outputs: list) -> onnx.ModelProto:
+        """A model of ``node`` alone, at the source model's opsets and IR version: the onnx
+        package's newest IR version can be newer than the installed onnxruntime reads, and
+        then every constant would go to the reference evaluator (whose GatherElements fails
+        on an axis longer than 64)."""
+        g = onnx.helper.make_graph([node], name, inputs, outputs)
+        m = onnx.helper.make_model(g, opset_imports=list(self.model.opset_import))
+        m.ir_version = self.model.ir_version or m.ir_version
+        return m
+
     def _evaluate(self, node: onnx.NodeProto, onode: OnnxNode) -> list[np.ndarray] | None:
         feeds = {i.name: i.value for i in onode.inputs if i.name}
         graph_inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                         for n, v in feeds.items()]
         outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
-        g = onnx.helper.make_graph([node], "fold", graph_inputs, outputs)
-        m = onnx.helper.make_model(g, opset_imports=list(self.model.opset_import))
+        m = self._one_node_model(node, "fold", graph_inputs, outputs)
         try:
             res = _run_ort(m, feeds)
         except Exception:

@@ -171,7 +171,8 @@ class UnityBackend(Backend):
         outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
         opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
         graph = helper.make_graph([node], "run_node", graph_inputs, outputs)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        opsets = [helper.make_opsetid("", opset)]
+        model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
         return cls.prepare(model, device).run(arrays)
 
     @classmethod
