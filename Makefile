@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 UNITY  := $(VENV)/bin/unity
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo run-demo test lint bench paper accuracy clean
+.PHONY: setup demo run-demo test lint bench paper accuracy gpu-check clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ lint: setup
 bench: setup
 	$(PY) benchmarks/foundation.py
 
+# On a machine with an NVIDIA GPU: cupy kernels, unity run --backend cupy, NCCL, profiler -> gpu-check/
+gpu-check: setup
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[gpu]'
+	PATH=$(VENV)/bin:$$PATH benchmarks/gpu_check.sh gpu-check
+
 # The Unity paper's benchmark: 7 DNNs x {8, 48, 192} Summit GPUs x 5 strategies -> benchmarks/results/paper.{md,csv}
 # and docs/paper_speedup.png (matplotlib comes from the 'bench' extra); 7-11 min on 2 cores.
 paper: setup
@@ -40,4 +45,4 @@ accuracy: setup
 	$(PY) benchmarks/accuracy.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info plan.json
+	rm -rf $(VENV) build *.egg-info plan.json gpu-check

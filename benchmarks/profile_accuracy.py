@@ -1,15 +1,18 @@
 """How much a measured profile improves the cost model: predicted step time with the
-roofline, with the profile, and measured by ``unity run``, on ``cluster_specs/local-cpu.yaml``
-(2 CPU ranks).
+roofline, with the profile, and measured by ``unity run``, by default on
+``cluster_specs/local-cpu.yaml`` (2 CPU ranks).
 
     python benchmarks/profile_accuracy.py [--steps 5] [--max-seconds 60] [--models bert_tiny,...]
+        [--cluster SPEC --ranks P --backend numpy|cupy --batch B --strategies data_parallel,...]
 
-For the shared models (``../shared/models``): one ``mpiexec -n 2 unity profile`` measures
-every model's pieces alone and the links and collectives between the 2 ranks; per model
+For the shared models (``../shared/models``): one ``mpiexec -n P unity profile`` measures
+every model's pieces alone and the links and collectives between the P ranks; per model
 and strategy (data_parallel, tensor_parallel) ``unity optimize`` plans without and with
-the profile; ``mpiexec -n 2 unity profile --plan ...`` then times those plans' pieces
+the profile; ``mpiexec -n P unity profile --plan ...`` then times those plans' pieces
 inside training steps; the plans made with that profile are run with
-``mpiexec -n 2 unity run plan.json --steps N --json`` (median step after a warm-up).
+``mpiexec -n P unity run plan.json --steps N --json`` (median step after a warm-up).
+On a GPU machine, ``--backend cupy`` with a cluster spec of that machine's GPUs measures
+the cupy + NCCL path the same way.
 Prints a markdown table; ratio = measured / predicted.
 All commands run as the installed ``unity``, with ``UNITY_PROFILE_DIR`` set to a temporary
 folder so no profile in your home is read or written.
@@ -33,6 +36,7 @@ MPIEXEC = str(BIN / "mpiexec")
 DEFAULT_MODELS = ("bert_tiny", "bert_tiny_dynamo", "convnet_tiny", "convnet_tiny_dynamo")
 STRATEGIES = ("data_parallel", "tensor_parallel")
 BATCH = 4  # the batch the shared models were exported with (dynamo files are static at it)
+DYNAMO_STATIC = "_dynamo"  # such files are static at BATCH: other batches skip them
 
 
 def sh(cmd: list[str], env: dict[str, str], timeout: float = 600) -> str:
@@ -55,15 +59,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="unity profile's cap on operator timing")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster spec of this machine")
+    ap.add_argument("--ranks", type=int, default=2, help="MPI ranks (the spec's device count)")
+    ap.add_argument("--backend", choices=("numpy", "cupy"), default="numpy")
+    ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
     args = ap.parse_args()
-    models = [m for m in args.models.split(",") if (MODELS / f"{m}.onnx").exists()]
+    models = [m for m in args.models.split(",") if (MODELS / f"{m}.onnx").exists()
+              and (args.batch == BATCH or DYNAMO_STATIC not in m)]
     if not models:
-        sys.exit(f"none of {args.models} is in {MODELS}")
+        sys.exit(f"none of {args.models} is in {MODELS} (at batch {args.batch})")
+    cluster, batch, backend = str(args.cluster), str(args.batch), ["--backend", args.backend]
     tmp = Path(tempfile.mkdtemp(prefix="unity-profile-accuracy-"))
     env = {**os.environ, "UNITY_PROFILE_DIR": str(tmp / "profiles")}
-    profile = tmp / "local-cpu.json"
-    cmd = [MPIEXEC, "-n", "2", UNITY, "profile", "--cluster", str(CLUSTER), "--out", str(profile),
-           "--batch-size", str(BATCH), "--max-seconds", str(args.max_seconds)]
+    profile = tmp / "profile.json"
+    launch = [MPIEXEC, "-n", str(args.ranks)]
+    cmd = [*launch, UNITY, "profile", "--cluster", cluster, "--out", str(profile),
+           "--batch-size", batch, "--max-seconds", str(args.max_seconds), *backend]
     for m in models:
         cmd += ["--model", str(MODELS / f"{m}.onnx")]
     print(sh(cmd, env).strip(), file=sys.stderr)
@@ -71,16 +83,16 @@ def main() -> None:
 
     def plan(m: str, strategy: str, mode: str, flag: list[str]) -> tuple[Path, float]:
         path = tmp / f"{m}-{strategy}-{mode}.json"
-        out = sh([UNITY, "optimize", str(MODELS / f"{m}.onnx"), "--cluster", str(CLUSTER), "--batch-size",
-                  str(BATCH), "--strategy", strategy, "--out", str(path), "--json", *flag], env)
+        out = sh([UNITY, "optimize", str(MODELS / f"{m}.onnx"), "--cluster", cluster, "--batch-size",
+                  batch, "--strategy", strategy, "--out", str(path), "--json", *flag], env)
         return path, last_json(out)["predicted"]["step_time_ms"]
 
-    cases = [(m, s) for m in models for s in STRATEGIES]
+    cases = [(m, s) for m in models for s in args.strategies.split(",")]
     roof = {c: plan(*c, "roofline", ["--no-profile"]) for c in cases}
     alone = {c: plan(*c, "profiled", ["--profile", str(profile)]) for c in cases}
     if run:  # second pass: the plans' pieces timed inside training steps (unity profile --plan)
-        cmd = [MPIEXEC, "-n", "2", UNITY, "profile", "--cluster", str(CLUSTER), "--out", str(profile),
-               "--batch-size", str(BATCH), "--max-seconds", str(args.max_seconds)]
+        cmd = [*launch, UNITY, "profile", "--cluster", cluster, "--out", str(profile),
+               "--batch-size", batch, "--max-seconds", str(args.max_seconds), *backend]
         for c in cases:
             cmd += ["--plan", str(alone[c][0])]
         print(sh(cmd, env).strip(), file=sys.stderr)
@@ -89,7 +101,7 @@ def main() -> None:
     for c in cases:
         measured = None
         if run:
-            out = sh([MPIEXEC, "-n", "2", UNITY, "run", str(situ[c][0]), "--steps", str(args.steps), "--json"], env)
+            out = sh([*launch, UNITY, "run", str(situ[c][0]), "--steps", str(args.steps), "--json", *backend], env)
             measured = last_json(out)["measured_step_time_ms"]
         rows.append((*c, roof[c][1], alone[c][1], situ[c][1], measured))
     print("| model | strategy | predicted ms (roofline) | (pieces timed alone) | (pieces timed in steps) "

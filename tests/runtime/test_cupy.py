@@ -1,6 +1,7 @@
 """The GPU path: the same kernels on cupy agree with numpy, `unity run --backend cupy`
-trains like one process, and the profiler times pieces with CUDA events. Every test
-skips cleanly without cupy or a GPU; two-rank NCCL runs need two GPUs."""
+trains like one process, every NCCL call the executor makes works, and the profiler times
+pieces with CUDA events. The GPU tests skip cleanly without cupy or a GPU; two-rank NCCL
+runs need two GPUs."""
 from __future__ import annotations
 
 import zlib
@@ -72,3 +73,37 @@ def test_profiler_times_pieces_with_cuda_events():
     x = bk.xp.ones((256, 256), dtype=np.float32)
     _, seconds = bk.clock(lambda: x @ x)
     assert 0 < seconds < 1
+
+
+def _exercise(comm, xp) -> None:
+    """Every data-plane call of a Comm on a one-rank group, with the results it must give."""
+    group = (comm.rank,)
+    comm.setup_groups([group])
+    x = xp.arange(6, dtype=xp.float32)
+    for call in (lambda: comm.allreduce(group, x), lambda: comm.reduce(group, x, comm.rank),
+                 lambda: comm.bcast(group, x, comm.rank)):
+        call()
+        comm.sync()
+        np.testing.assert_array_equal(xp.asnumpy(x) if xp is not np else x, np.arange(6))
+    gathered = xp.zeros((1, 6), dtype=xp.float32)
+    comm.allgather(group, x, gathered)
+    scattered = xp.zeros(6, dtype=xp.float32)
+    comm.reduce_scatter(group, gathered, scattered)
+    got = xp.zeros(6, dtype=xp.float32)
+    comm.exchange([(comm.rank, scattered)], [(comm.rank, got)], tag=7)
+    comm.sync()
+    for y in (gathered[0], scattered, got):
+        np.testing.assert_array_equal(xp.asnumpy(y) if xp is not np else y, np.arange(6))
+
+
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("cupy", marks=needs_gpu)])
+def test_every_comm_call_on_one_rank(backend):
+    """The calls and their argument order (counts, dtypes, roots, streams) against the real
+    library: on the one GPU a machine may have, NCCL still runs each call on a one-rank
+    communicator."""
+    from unity_cli.runtime.comm import make_comm, mpi  # noqa: PLC0415
+
+    xp = np
+    if backend == "cupy":
+        import cupy as xp  # noqa: PLC0415
+    _exercise(make_comm(backend, mpi().COMM_SELF), xp)

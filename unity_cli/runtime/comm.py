@@ -9,7 +9,7 @@ of ``allgather``/``reduce_scatter`` follow that order.
 
 * :class:`MpiComm` passes numpy buffers with mpi4py's buffer (upper-case) calls.
 * :class:`NcclComm` passes cupy arrays with ``cupy.cuda.nccl`` and keeps MPI for setup
-  and control (it needs GPUs, so the tests here do not run it).
+  and control (its tests in ``tests/runtime/test_cupy.py`` run only where there are GPUs).
 
 Control messages (a flag, an error line, timings) are small Python objects and go
 through MPI's pickle-based calls: they are never on the hot path.
