@@ -328,6 +328,9 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
 
     cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
     _share_cores_as_ranks(max(n.devices for n in cluster.nodes))
+    from .runtime.memory import keep_freed_memory
+
+    keep_freed_memory()  # time pieces with the allocator unity run has
     from .cost.profile import default_profile_path, load_profile
     from .cost.profiler import TimingPolicy, run_profile
     from .errors import ProfileError
@@ -433,9 +436,11 @@ def report(plan_path: str, out_path: str, measured_path: str | None) -> None:
 def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer: str | None, lr: float | None,
         seed: int, model_path: str | None, check: bool, save_path: str | None, backend: str, as_json: bool) -> None:
     """Train with PLAN on the ranks of an MPI job: mpiexec -n P unity run plan.json."""
+    from .runtime.memory import keep_freed_memory
     from .runtime.threads import share_cores
 
     share_cores()  # before numpy starts its BLAS threads
+    keep_freed_memory()
     from .errors import RunError
     from .runtime.train import RunOptions, run_plan
 
