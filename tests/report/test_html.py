@@ -136,6 +136,18 @@ def test_measured_run_is_shown_and_a_malformed_one_rejected(bert_dp, tmp_path):
     page = out.read_text()
     assert 'class="bar measured"' in svg(page, "baselines") and "2.500 ms" in page
     assert '<table id="measured">' in page and "2.50" in page and "passed" in page
+    assert '<table id="phases">' not in page                      # a run without phases (older unity)
+    phases = {"measured": {"fwd_compute": 0.75, "loss": 0.125, "other": 0.01},
+              "predicted": {"fwd_compute": 0.5, "grad_sync": 0.25}}
+    good.write_text(json.dumps(dict(run, phases_ms=phases)))
+    r = CliRunner().invoke(cli, ["report", str(plan), "-o", str(out), "--measured", str(good)])
+    assert r.exit_code == 0, r.output
+    table = out.read_text().split('<table id="phases">')[1].split("</table>")[0]
+    assert [h for h in re.findall(r"<th>([^<]*)</th>", table)] == ["ms per step", "fwd comp", "loss", "grad sync",
+                                                                  "other"]
+    measured_row, predicted_row = re.findall(r'<tr class="(?:measured|predicted)">(.*?)</tr>', table)
+    assert re.findall(r"<td>([^<]*)</td>", measured_row) == ["measured", "0.7500 ms", "0.1250 ms", "-", "0.0100 ms"]
+    assert re.findall(r"<td>([^<]*)</td>", predicted_row) == ["predicted", "0.5000 ms", "-", "0.2500 ms", "-"]
     for field in ("ratio", "measured_step_time_ms"):
         bad = tmp_path / f"bad-{field}.json"
         bad.write_text(json.dumps({k: v for k, v in run.items() if k != field}))

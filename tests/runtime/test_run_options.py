@@ -32,6 +32,28 @@ def test_summary_on_rank_0_only(plans):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("ms per step measured") == 1
     assert "predicted" in r.stdout and "measured / predicted" in r.stdout
+    head, measured, predicted = [line.split() for line in r.stdout.splitlines()
+                                 if line.split()[:1] in (["phases"], ["measured"], ["predicted"])]
+    assert head[:3] == ["phases", "ms/step", "fwd"] and len(measured) == 9 and predicted[3] == "-"
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "tensor_parallel"])
+def test_phases_measured_and_predicted(plans, strategy):
+    """Per phase: measured (mean over ranks) beside the cost model's (mean over devices).
+    Data parallelism all-reduces gradients and moves nothing in forward; tensor parallelism
+    moves activations in forward and backward."""
+    doc = run_json(plans.get("bert_tiny", strategy, 2), "--steps", "4")
+    measured, predicted = doc["phases_ms"]["measured"], doc["phases_ms"]["predicted"]
+    assert set(measured) == {"fwd_compute", "fwd_comm", "loss", "bwd_compute", "bwd_comm", "grad_sync",
+                             "optimizer", "other"}
+    assert set(predicted) == set(measured) - {"loss", "other"}
+    assert all(v >= 0 for v in [*measured.values(), *predicted.values()])
+    assert measured["fwd_compute"] > 0 and measured["bwd_compute"] > 0 and measured["optimizer"] > 0
+    assert sum(measured.values()) <= 1.5 * max(doc["step_times_ms"][1:])
+    if strategy == "data_parallel":
+        assert predicted["fwd_comm"] == 0 and predicted["grad_sync"] > 0 and measured["grad_sync"] > 0
+    else:
+        assert predicted["fwd_comm"] > 0 and measured["fwd_comm"] > 0
 
 
 def test_save_writes_trained_weights(plans, tmp_path):

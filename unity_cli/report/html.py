@@ -226,7 +226,28 @@ def _measured_table(plan: Plan, m: Mapping[str, Any]) -> str:
         if key in m:
             rows.append((key, str(m[key])))
     return ('<table id="measured"><tr><th colspan="2">measured with unity run</th></tr>' +
-            "".join(f'<tr class="measured"><td>{esc(k)}</td><td>{esc(v)}</td></tr>' for k, v in rows) + "</table>")
+            "".join(f'<tr class="measured"><td>{esc(k)}</td><td>{esc(v)}</td></tr>' for k, v in rows) + "</table>"
+            + _phases_table(m.get("phases_ms")))
+
+
+def _phases_table(phases: Any) -> str:
+    """Measured and predicted ms per phase, when the run reported them (older runs did not)."""
+    from ..runtime.phases import HEADINGS, PHASES  # noqa: PLC0415
+
+    if not isinstance(phases, dict) or not isinstance(phases.get("measured"), dict):
+        return ""
+    rows = {k: phases.get(k) if isinstance(phases.get(k), dict) else {} for k in ("measured", "predicted")}
+    cols = [p for p in PHASES if p in rows["measured"] or p in rows["predicted"]]
+
+    def cell(v: Any) -> str:
+        return esc(ms(v)) if isinstance(v, _NUMBER) and not isinstance(v, bool) else "-"
+
+    head = "<tr><th>ms per step</th>" + "".join(f"<th>{esc(HEADINGS[p])}</th>" for p in cols) + "</tr>"
+    body = "".join(f'<tr class="{k}"><td>{k}</td>' + "".join(f"<td>{cell(v.get(p))}</td>" for p in cols) + "</tr>"
+                   for k, v in rows.items())
+    return ('<p class="note">Where the step\'s time went, per phase: measured (mean over ranks; communication is '
+            'time inside the communicator, waiting included) and predicted (mean over devices; busy time, so '
+            'overlapping phases can add up to more than the step).</p><table id="phases">' + head + body + "</table>")
 
 
 def _heaviest(plan: Plan, config: CostConfig, limit: int = 12) -> str:

@@ -23,6 +23,7 @@ from . import kernels
 from .comm import Comm, make_comm
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
+from .phases import StepClock, TimedComm
 from .program import LOCAL, Assemble, Collective, CollectiveKind, Program, Read, Step, StepKind, Task, build_program
 from .weights import ParamStore
 
@@ -32,7 +33,7 @@ def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | Non
                    constants: Mapping[str, np.ndarray]) -> tuple[Program, Comm, ParamStore, Executor]:
     """This rank's program, communicator, weights and executor for a mapped graph."""
     program = build_program(pcg, views, class_axis)
-    comm = make_comm(backend, world)
+    comm = TimedComm(make_comm(backend, world))
     comm.setup_groups(program.groups)
     params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp))
     return program, comm, params, Executor(program, comm, xp, params, loss, constants)
@@ -87,6 +88,8 @@ class Executor:
         self.loss_count = loss_count(loss, program.pcg.shape(program.output).sizes)
         self.timings: dict[tuple[int, str], list[float]] | None = None
         """Set to a dict to record each compute task's seconds per (node, "fwd" | "bwd")."""
+        self.clock: StepClock | None = None
+        """Set to time each step's phases (``phases.py``); the caller closes each step."""
 
     # -- planning ------------------------------------------------------------------
 
@@ -148,20 +151,31 @@ class Executor:
         self._fresh: set[TensorRef] = set()
         self.ctx: dict[int, Any] = {}
         half = len(self.mine) // 2
+        clock = self.clock
+        if clock:
+            clock.start()
         for k, m in enumerate(self.mine):
             if fault and k == half:
                 raise RunError(fault)
             self._guard(m, self._forward)
             for ref in m.free:
                 self.values.pop(ref, None)
+        if clock:
+            clock.lap("fwd_compute", "fwd_comm")
         loss = self._loss_step(target)
+        if clock:
+            clock.lap("loss")
         for m in reversed(self.mine):
             if m.active:
                 self._guard(m, self._backward)
         self.values = {}
+        if clock:
+            clock.lap("bwd_compute", "bwd_comm")
         self.params.update(self.grads)
         self._resident = self.params.residents()
         self.grads = {}
+        if clock:
+            clock.lap("optimizer", "grad_sync")
         return loss
 
     def _guard(self, m: _Mine, fn: Callable[[_Mine], None]) -> None:

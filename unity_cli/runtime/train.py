@@ -25,6 +25,7 @@ from .device import array_module
 from .loss import LossKind, choose_loss
 from .model_io import import_for_plan, resolve_model, save_trained, weight_values
 from .optim import OptimizerConfig
+from .phases import StepClock, mean_over_ranks, phase_table, predicted_phases_ms
 from .weights import ParamStore
 
 LOCAL_CPU = "cluster_specs/local-cpu.yaml"
@@ -64,6 +65,8 @@ class RunReport:
     check: dict[str, Any] | None = None
     saved: str | None = None
     warnings: list[str] = field(default_factory=list)
+    phases_ms: dict[str, float] = field(default_factory=dict)            # measured, mean over ranks
+    predicted_phases_ms: dict[str, float] = field(default_factory=dict)  # the cost model's, mean over devices
 
     @property
     def measured_ms(self) -> float:
@@ -81,6 +84,7 @@ class RunReport:
             "loss": self.loss, "step_times_ms": self.step_times_ms,
             "measured_step_time_ms": self.measured_ms, "predicted_step_time_ms": self.predicted_ms,
             "ratio": self.ratio, "warnings": self.warnings,
+            "phases_ms": {"measured": self.phases_ms, "predicted": self.predicted_phases_ms},
         }
         if self.check is not None:
             out["check"] = self.check
@@ -99,6 +103,9 @@ class RunReport:
             f"time     {self.measured_ms:.3f} ms per step measured (median, {after}), "
             f"{self.predicted_ms:.3f} ms predicted{ratio}",
         ]
+        if self.phases_ms:
+            lines += [f"{'phases' if k == 0 else '':<9}{row}"
+                      for k, row in enumerate(phase_table(self.phases_ms, self.predicted_phases_ms))]
         if self.check is not None:
             state = "passed" if self.check["passed"] else "FAILED"
             lines.append(f"check    {state}: max relative error {self.check['max_rel_err']:.2e} "
@@ -223,6 +230,15 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
     return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
 
 
+def _predicted_phases(plan: Plan) -> dict[str, float]:
+    """The plan's step simulated again (with its profile, when it is still there), per phase."""
+    from ..cost.model import estimate  # noqa: PLC0415
+    from ..report.summary import plan_config  # noqa: PLC0415
+
+    report = estimate(plan.pcg, plan.views, plan.cluster, plan_config(plan))
+    return predicted_phases_ms(report, plan.cluster.num_devices)
+
+
 def _fault_step(rank: int) -> int | None:
     """The step at which ``UNITY_FAULT_RANK`` names this rank to fail, if it does."""
     r = os.environ.get("UNITY_FAULT_RANK")
@@ -245,6 +261,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
             reference = Reference(job.imported.pcg, job.backend, xp, job.weights.trainable, job.weights.constants,
                                   job.loss, job.optimizer)
     losses, times = [], []
+    clock = job.executor.clock = StepClock(comm)
     for s in range(opts.steps):
         batch = job.data.batch(s)
         target = xp.asarray(batch.labels)
@@ -254,13 +271,16 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
         loss = job.executor.step(batch.inputs, target, fault=why)
         comm.sync()
         times.append(time.perf_counter() - t0)
+        clock.stop(times[-1])
         losses.append(loss)
         if opts.check:
             weights = job.params.gather(0)
             if reference is not None and check is not None:
                 ref_loss = reference.step(batch.inputs, target)
                 check.compare(s, loss, ref_loss, weights, reference.weights())
+    job.executor.clock = None
     all_times = comm.allgather_obj(times)
+    phases = mean_over_ranks(comm.allgather_obj(clock.medians_ms()))
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
     final = job.params.gather(0) if opts.save else {}
     failure = None
@@ -276,5 +296,6 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     report = RunReport(opts.plan, job.plan.strategy, comm.size, job.backend, job.loss.value,
                        job.optimizer.kind.value, job.optimizer.lr, opts.steps, losses, step_ms,
                        float(job.plan.predicted.get("step_time_ms", 0.0)),
-                       check.to_json() if check is not None else None, saved, job.warnings)
+                       check.to_json() if check is not None else None, saved, job.warnings,
+                       phases, _predicted_phases(job.plan))
     return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)
