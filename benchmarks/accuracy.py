@@ -1,7 +1,7 @@
 """How right is the cost model? Plan small models for 2 CPU ranks, train each plan for a few
 steps with MPI, and compare the measured step time with the predicted one.
 
-    python benchmarks/accuracy.py [--steps 5] [--budget 5] [--strategies data_parallel,tensor_parallel,best]
+    python benchmarks/accuracy.py [--steps 10] [--budget 5] [--strategies data_parallel,tensor_parallel,best]
                                   [--models all|NAME,...] [--out benchmarks/results]
 
 Models: the seven zoo models at small scale (``unity zoo NAME --scale small``, batch 8) and
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +48,7 @@ class Result:
     predicted_ms: float = 0.0
     measured_ms: float = 0.0
     error: str = ""
+    phases: dict = field(default_factory=dict)   # unity run's phases_ms: {"measured": {...}, "predicted": {...}}
 
     @property
     def ratio(self) -> float:
@@ -87,9 +88,34 @@ def ordering(results: list[Result]) -> str:
     return f"the plan predicted fastest also ran fastest for {agree} of {total} models"
 
 
+PHASES = ("fwd_compute", "fwd_comm", "loss", "bwd_compute", "bwd_comm", "grad_sync", "optimizer", "other")
+
+
+def _phase(r: Result, kind: str, phase: str) -> str:
+    v = r.phases.get(kind, {}).get(phase)
+    return "" if v is None else f"{v:.4f}"
+
+
+def phase_lines(results: list[Result]) -> list[str]:
+    """Where the prediction misses: per phase, ms summed over all runs, measured and predicted."""
+    runs = [r for r in results if r.phases.get("measured")]
+    if not runs:
+        return []
+    lines = [f"Per phase, summed over the {len(runs)} runs (unity run's `phases_ms`; busy time, so the predicted "
+             "phases add up to more than the predicted steps where they overlap):", "",
+             "| phase | measured (ms) | predicted (ms) | measured / predicted |", "|---|---:|---:|---:|"]
+    for p in PHASES:
+        m = sum(r.phases["measured"].get(p, 0.0) for r in runs)
+        has = any(p in r.phases.get("predicted", {}) for r in runs)
+        q = sum(r.phases.get("predicted", {}).get(p, 0.0) for r in runs)
+        ratio = f"{m / q:.2f}" if has and q > 0 else "-"
+        lines.append(f"| {p} | {m:.3f} | {f'{q:.3f}' if has else 'not modeled'} | {ratio} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--budget", type=float, default=5.0, help="search seconds for best")
     ap.add_argument("--strategies", default="data_parallel,tensor_parallel,best")
     ap.add_argument("--models", default="all", help="all, or comma-separated names (zoo names, shared file stems)")
@@ -134,7 +160,7 @@ def main() -> None:
                     continue
                 doc = json.loads(p.stdout.strip().splitlines()[-1])
                 results.append(Result(label, strategy, doc["strategy"], doc["predicted_step_time_ms"],
-                                      doc["measured_step_time_ms"]))
+                                      doc["measured_step_time_ms"], phases=doc.get("phases_ms", {})))
                 r = results[-1]
                 print(f"{label:32s} {strategy:16s} {r.strategy:24s} predicted {r.predicted_ms:8.3f} ms  "
                       f"measured {r.measured_ms:8.3f} ms  ratio {r.ratio:5.2f}", flush=True)
@@ -155,17 +181,19 @@ def main() -> None:
         lines += ["", f"{len(ok)} runs; median absolute error |measured / predicted - 1| = "
                       f"{statistics.median(errors):.0%}; median ratio {statistics.median(r.ratio for r in ok):.2f}; "
                       f"{len(results) - len(ok)} failed; total {total / 60:.1f} min", "",
-                  ordering(ok)]
+                  ordering(ok), "", *phase_lines(ok)]
     table = "\n".join(lines) + "\n"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "accuracy.md").write_text(table)
     with open(out / "accuracy.csv", "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(["model", "strategy", "plan_strategy", "predicted_ms", "measured_ms", "ratio", "error"])
+        w.writerow(["model", "strategy", "plan_strategy", "predicted_ms", "measured_ms", "ratio", "error",
+                    *(f"{kind}_{p}_ms" for p in PHASES for kind in ("measured", "predicted"))])
         for r in results:
             w.writerow([r.model, r.asked, r.strategy, f"{r.predicted_ms:.4f}", f"{r.measured_ms:.4f}",
-                        "" if r.error else f"{r.ratio:.4f}", r.error])
+                        "" if r.error else f"{r.ratio:.4f}", r.error,
+                        *(_phase(r, kind, p) for p in PHASES for kind in ("measured", "predicted"))])
     print("\n" + table + f"\nwrote {out / 'accuracy.md'} and {out / 'accuracy.csv'}")
 
 

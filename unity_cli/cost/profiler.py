@@ -551,7 +551,7 @@ def measure_overheads(backend: Backend) -> tuple[float, dict[str, float]] | None
     from ..runtime.calibrate import dispatch_seconds, update_seconds
 
     try:
-        return dispatch_seconds(backend.name, backend.xp), update_seconds(backend.xp)
+        return dispatch_seconds(backend.name, backend.xp), update_seconds(backend.name, backend.xp)
     except UnityError:
         return None
 

@@ -10,6 +10,10 @@ It is measured by difference: the same one-device program with a short and a lon
 of identical cheap tasks (``Neg`` on a tiny tensor); the extra step time per extra task,
 less the kernel time of that task, is the dispatch. Everything else in a step (loss,
 optimizer, the first MatMul) is common to both programs and cancels.
+
+The update overhead is timed directly: the ``optimizer`` phase of a step (``phases.py``)
+of a program with many tiny weights, per weight; their bytes are too few for the
+bandwidth term the cost model adds to matter.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.ops.elementwise import UnaryAttrs
+from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from ..ir.ops.linear import MatMulAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.pcg import PCG, GraphBuilder
@@ -85,18 +89,45 @@ def dispatch_seconds(backend: str = "numpy", xp: Any = np, steps: int = 30) -> f
     return max(0.0, per_task - _kernel_seconds(xp))
 
 
-def update_seconds(xp: Any = np, repeats: int = 200) -> dict[str, float]:
-    """Per optimizer, the fixed seconds of updating one (tiny) weight piece."""
-    from .optim import Optimizer, OptimizerConfig
+def update_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20) -> dict[str, float]:
+    """Per optimizer, the fixed seconds a step spends on one (tiny) weight piece after
+    backward: assembling its gradient, the optimizer's arithmetic, re-cutting the piece
+    (the step's ``optimizer`` phase, ``phases.py``, of a program of many tiny weights,
+    divided by their count; the least disturbed step)."""
+    from .comm import mpi
+    from .executor import build_executor
+    from .loss import LossKind
+    from .optim import OptimizerConfig
+    from .phases import StepClock
+    from .program import single_device_views
 
+    pcg = weights_sum(WEIGHTS)
+    rng = np.random.default_rng(0)
+    initial = {f"w{k}": rng.standard_normal((2, 4)).astype(np.float32) for k in range(WEIGHTS)}
+    inputs = {"x": xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))}
+    target = xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))
     out = {}
     for name in ("sgd", "momentum", "adam"):
-        opt = Optimizer(OptimizerConfig.of(name, 1e-3), xp)
-        w, g = xp.ones(4, dtype=np.float32), xp.ones(4, dtype=np.float32)
-        opt.begin_step()
-        opt.update("w", w, g)  # allocates the state
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            opt.update("w", w, g)
-        out[name] = (time.perf_counter() - t0) / repeats
+        _, comm, _, executor = build_executor(pcg, single_device_views(pcg), None, backend, mpi().COMM_SELF, xp,
+                                              initial, OptimizerConfig.of(name, 1e-3), LossKind.MSE, {})
+        clock = executor.clock = StepClock(comm)
+        for _ in range(steps + 1):
+            t0 = time.perf_counter()
+            executor.step(inputs, target)
+            comm.sync()
+            clock.stop(time.perf_counter() - t0)
+        out[name] = min(s["optimizer"] for s in clock.steps[1:]) / WEIGHTS
     return out
+
+
+WEIGHTS = 64
+
+
+def weights_sum(weights: int) -> PCG:
+    """x[2, 4] + w0 + w1 + ... (``weights`` trainable [2, 4] weights), all on one device."""
+    b = GraphBuilder()
+    h = b.add1(InputAttrs(TensorShape((2, 4))), (), "x")
+    for k in range(weights):
+        w = b.add1(WeightAttrs(TensorShape((2, 4))), (), f"w{k}")
+        h = b.add1(BinaryAttrs("Add"), (h, w), f"add{k}")
+    return b.build([h])

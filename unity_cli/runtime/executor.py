@@ -235,7 +235,8 @@ class Executor:
             ins[ri] = buf
             recvs.append((src, buf))
         sends = [(dst, xp.ascontiguousarray(self._local(rd))) for dst, rd in m.send]
-        self.comm.exchange(sends, recvs, m.tag)
+        if sends or recvs:
+            self.comm.exchange(sends, recvs, m.tag)
         if t is not None:
             for ri, rd in enumerate(t.reads):
                 if ins[ri] is None and ri not in m.covered:
@@ -418,7 +419,8 @@ class Executor:
             if rd.ref in p.has_grad:
                 buf = xp.empty(self._read_shape(rd), dtype=self._dtype(rd.ref))
                 recvs.append((dst, buf, rd))
-        self.comm.exchange(sends, [(d, b) for d, b, _ in recvs], m.tag)
+        if sends or recvs:
+            self.comm.exchange(sends, [(d, b) for d, b, _ in recvs], m.tag)
         for _, buf, rd in recvs:
             self._accumulate(rd.ref, buf, rd.region)
         if t is not None:
