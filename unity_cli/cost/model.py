@@ -244,9 +244,16 @@ def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
     ins = piece_shapes(inputs, dtype)
     outs = piece_shapes(outputs, dtype)
     hit = profile.op_time(device, dtype.value, piece_key(piece_op(op, outputs[0]), ins, outs)) if profile else None
-    t = hit or roofline(spec_of(op).cost(op, ins, outs), device, dtype)  # both have .fwd and .bwd
+    if hit is not None:
+        fwd, bwd = hit.fwd, hit.bwd
+    else:
+        spec = spec_of(op)
+        t = roofline(spec.cost(op, ins, outs), device, dtype)
+        # unmeasured: the roofline as the profile's measurements of this kind correct it
+        fit = profile.unmeasured(device, dtype.value, spec.kind, t.fwd, t.bwd) if profile else None
+        fwd, bwd = fit if fit is not None else (t.fwd, t.bwd)
     half = profile.dispatch(device) / 2 if profile else 0.0  # the runtime's own work per task
-    return t.fwd + half, t.bwd + half
+    return fwd + half, bwd + half
 
 
 def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,

@@ -10,7 +10,8 @@ so that save -> load -> save is byte-identical and its SHA-256 names one measure
      "settings": {...},   # how (repeats, time caps, models, cluster): for people
      "compute": {DEVICE TYPE: {"kind": "cpu" | "gpu",
                                "dtypes": {DTYPE: {PIECE KEY: {"op": KIND, "fwd_s": s, "bwd_s": s,
-                                                              "repeats": n}}},
+                                                              "repeats": n,
+                                                              "roof_fwd_s": s, "roof_bwd_s": s}}},
                                "dispatch_s": s,                 # optional: per task, beside its kernels
                                "update_s": {OPTIMIZER: s}}},    # optional: per weight piece and step
      "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
@@ -24,6 +25,13 @@ its input and output pieces; ``LINK KIND`` is ``intra-node`` or ``inter-node``; 
 ``COLLECTIVE`` is a :class:`~unity_cli.cost.comm.Collective` value, fitted as
 ``alpha + beta * bytes`` at ``p`` ranks with the byte counts of ``cost.comm``. Times are
 medians of repeats after a warm-up.
+
+``roof_fwd_s``/``roof_bwd_s`` (optional) are the spec's roofline for the same piece. From
+them the profile fits, per operator kind, ``measured = a + b * roofline`` and prices the
+pieces it did not measure with that fit rather than with the bare roofline: a search
+would otherwise prefer exactly the pieces nobody timed, because the roofline is
+optimistic (a plan identical to data parallelism but for a replicated batch came out 25 %
+faster on paper, and ran slower).
 
 ``dispatch_s`` is what the runtime's executor spends on one compute task (forward and
 backward) besides its kernels, and ``update_s`` the fixed cost of one optimizer update of
@@ -40,11 +48,14 @@ import json
 import math
 import os
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+import numpy as np
 
 from ..cluster.spec import ClusterSpec, DeviceType
 from ..errors import ProfileError
@@ -90,6 +101,29 @@ class OpTime:
     fwd: float
     bwd: float
     repeats: int
+    roof_fwd: float | None = None     # the spec's roofline for the same piece, when recorded
+    roof_bwd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """``measured = a + b * roofline`` for one direction of one operator kind."""
+
+    a: float
+    b: float
+
+    def __call__(self, roof: float) -> float:
+        return self.a + self.b * roof if roof > 0 else 0.0
+
+    @staticmethod
+    def fit(pairs: Sequence[tuple[float, float]]) -> Calibration | None:
+        """From (roofline, measured) pairs; one distinct roofline gives a plain ratio."""
+        pairs = sorted((r, m) for r, m in pairs if r > 0)
+        if not pairs:
+            return None
+        if len({r for r, _ in pairs}) < 2:
+            return Calibration(0.0, statistics.median(m / r for r, m in pairs))
+        return Calibration(*fit_alpha_beta(pairs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +160,8 @@ class Profile:
     _collectives: Mapping[tuple[str, str], CollectiveFit] = field(init=False, repr=False)
     _types: frozenset[tuple[str, str]] = field(init=False, repr=False)
     _overheads: Mapping[tuple[str, str], tuple[float, Mapping[str, float]]] = field(init=False, repr=False)
+    _calibrations: Mapping[tuple[str, str, str], Mapping[str, tuple[Calibration, Calibration]]] = field(
+        init=False, repr=False)
     _hash: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +172,7 @@ class Profile:
         object.__setattr__(self, "sha256", digest)
         object.__setattr__(self, "_hash", int(digest[:16], 16))
         object.__setattr__(self, "_ops", MappingProxyType(ops))
+        object.__setattr__(self, "_calibrations", MappingProxyType({k: _calibrate(t) for k, t in ops.items()}))
         object.__setattr__(self, "_links", MappingProxyType(links))
         object.__setattr__(self, "_collectives", MappingProxyType(colls))
         types = {(name, kind) for name, kind, _ in ops}
@@ -179,6 +216,15 @@ class Profile:
         """The measured piece on ``device`` (matched by type name and kind) in ``dtype``."""
         table = self._ops.get((device.name, device.kind.value, dtype))
         return table.get(key) if table is not None else None
+
+    def unmeasured(self, device: DeviceType, dtype: str, kind: str, roof_fwd: float, roof_bwd: float
+                   ) -> tuple[float, float] | None:
+        """A piece of operator ``kind`` this profile did not measure, priced from its roofline
+        by the fit of the pieces it did measure on ``device`` (that kind's, else all kinds');
+        None when it recorded no rooflines there."""
+        table = self._calibrations.get((device.name, device.kind.value, dtype))
+        fits = table.get(kind) or table.get("*") if table else None
+        return (fits[0](roof_fwd), fits[1](roof_bwd)) if fits else None
 
     def dispatch(self, device: DeviceType) -> float:
         """Seconds the runtime adds to each compute task on ``device`` (0 if not measured)."""
@@ -224,6 +270,38 @@ class Profile:
         for kind, fit in sorted(self._links.items()):
             parts.append(f"{kind} link {fit.latency * 1e6:.2f} us + {fit.bandwidth / 1e9:.2f} GB/s")
         return "; ".join(parts) or "no measurements"
+
+
+def _calibrate(table: Mapping[str, OpTime]) -> dict[str, tuple[Calibration, Calibration]]:
+    """Per operator kind (and ``*`` for all of them), the forward and backward fits."""
+    groups: dict[str, list[OpTime]] = {}
+    for t in table.values():
+        if t.roof_fwd is not None and t.roof_bwd is not None:
+            groups.setdefault(t.op, []).append(t)
+            groups.setdefault("*", []).append(t)
+    out = {}
+    for kind, ts in groups.items():
+        f = Calibration.fit([(t.roof_fwd, t.fwd) for t in ts])
+        b = Calibration.fit([(t.roof_bwd, t.bwd) for t in ts])
+        if f is not None and b is not None:
+            out[kind] = (f, b)
+    return out
+
+
+def fit_alpha_beta(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(alpha, beta)`` of ``t = alpha + beta * n`` by least squares on relative error (so
+    small messages, which fix the latency, count as much as large ones); neither negative.
+    ``samples`` are ``(n, t)`` in increasing ``n``."""
+    n = np.array([s[0] for s in samples], dtype=float)
+    t = np.array([s[1] for s in samples], dtype=float)
+    w = 1 / np.maximum(t, 1e-12)
+    a, b = np.linalg.lstsq(np.stack([w, n * w], axis=1), t * w, rcond=None)[0]
+    if a < 0:  # all the time is per byte: refit through the origin
+        a, b = 0.0, float(np.sum(n * t * w * w) / np.sum(n * n * w * w))
+    if b <= 0:  # no bandwidth term visible: take the largest message's
+        b = float(t[-1] / max(n[-1], 1.0))
+        a = max(0.0, min(float(a), float(t.min())))
+    return float(a), float(b)
 
 
 def dumps(data: Any) -> str:
@@ -313,11 +391,14 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
             out: dict[str, OpTime] = {}
             for key, t in sorted(_obj(table, at).items()):
                 w = f"{at}[{key!r}]"
-                _keys(_obj(t, w), w, ("bwd_s", "fwd_s", "op", "repeats"))
+                _keys(_obj(t, w), w, ("bwd_s", "fwd_s", "op", "repeats"), ("roof_bwd_s", "roof_fwd_s"))
                 if not isinstance(t["op"], str) or not t["op"]:
                     raise ProfileError(f"{w}.op: expected an operator kind, got {t['op']!r}")
+                if ("roof_fwd_s" in t) != ("roof_bwd_s" in t):
+                    raise ProfileError(f"{w}: roof_fwd_s and roof_bwd_s come together")
+                roof = [_num(t[k], f"{w}.{k}") for k in ("roof_fwd_s", "roof_bwd_s") if k in t] or [None, None]
                 out[key] = OpTime(t["op"], _num(t["fwd_s"], f"{w}.fwd_s"), _num(t["bwd_s"], f"{w}.bwd_s"),
-                                  _int(t["repeats"], f"{w}.repeats", 1))
+                                  _int(t["repeats"], f"{w}.repeats", 1), *roof)
             ops[(dev, kind, dtype)] = MappingProxyType(out)
     comm = _obj(data["comm"], "comm")
     _keys(comm, "comm", ("collectives", "device_kind", "device_type", "hosts", "links", "ranks"))

@@ -40,13 +40,14 @@ from ..ir.dtypes import DType
 from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from ..ir.ops.gather_reduce import GatherAttrs, GatherNDAttrs
 from ..ir.ops.norm import BatchNormAttrs
+from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
 from ..ir.shapes import TensorShape
 from ..runtime.threads import THREAD_VARS
 from .comm import INTER_NODE, INTRA_NODE, Collective
-from .compute import as_compute_dtype
-from .profile import FORMAT, Profile, piece_key
+from .compute import as_compute_dtype, roofline
+from .profile import FORMAT, Profile, fit_alpha_beta, piece_key
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "HYDI_CONTROL_FD", "PMIX_RANK", "MPI_LOCALNRANKS")
 """Variables an MPI launcher (MPICH's hydra, Open MPI, PMIx) sets in every rank."""
@@ -360,11 +361,18 @@ def time_piece(piece: Piece, backend: Backend, policy: TimingPolicy, rng: np.ran
             return statistics.median(fwd), statistics.median(bwd), n
 
 
+def roofline_entry(piece: Piece, device: DeviceType, dtype: DType) -> dict[str, float]:
+    """The spec's roofline for a piece, recorded beside its measurement (``profile.py``)."""
+    t = roofline(spec_of(piece.op).cost(piece.op, list(piece.inputs), list(piece.outputs)), device, dtype)
+    return {"roof_fwd_s": t.fwd, "roof_bwd_s": t.bwd}
+
+
 def measure_compute(pieces: Sequence[Piece], backend: Backend, policy: TimingPolicy,
-                    progress: Callable[[int, int, str], None] | None = None
-                    ) -> tuple[dict[str, dict[str, Any]], int, list[str]]:
-    """DB entries of the pieces measured within ``policy.max_seconds``, how many were left
-    when it ran out, and the pieces whose kernels failed (with why)."""
+                    progress: Callable[[int, int, str], None] | None = None, device: DeviceType | None = None,
+                    dtype: DType = DType.FLOAT32) -> tuple[dict[str, dict[str, Any]], int, list[str]]:
+    """DB entries of the pieces measured within ``policy.max_seconds`` (with their roofline
+    on ``device`` when given), how many were left when it ran out, and the pieces whose
+    kernels failed (with why)."""
     rng = np.random.default_rng(0)
     deadline = time.perf_counter() + policy.max_seconds
     entries: dict[str, dict[str, Any]] = {}
@@ -379,14 +387,15 @@ def measure_compute(pieces: Sequence[Piece], backend: Backend, policy: TimingPol
         except Exception as e:  # noqa: BLE001  (one bad piece must not end the run; it keeps the roofline)
             failed.append(f"{p}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             continue
-        entries[p.key] = {"op": p.kind, "fwd_s": f, "bwd_s": b, "repeats": n}
+        entries[p.key] = {"op": p.kind, "fwd_s": f, "bwd_s": b, "repeats": n,
+                          **(roofline_entry(p, device, dtype) if device is not None else {})}
     if progress:
         progress(len(pieces), len(pieces), "")
     return entries, 0, failed
 
 
-def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: int = 12
-                    ) -> dict[str, dict[str, Any]]:
+def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: int = 12,
+                    device: DeviceType | None = None) -> dict[str, dict[str, Any]]:
     """DB entries for the compute pieces of saved plans, timed inside real training steps
     (``unity run``'s executor on this job's ranks, synthetic data) rather than alone: a
     kernel runs slower among its neighbours than in a loop on warm inputs. The dispatch the
@@ -397,6 +406,7 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
 
     world = mpi().COMM_WORLD
     samples: dict[str, tuple[str, list[float], list[float]]] = {}
+    roofs: dict[str, dict[str, float]] = {}
     for path in plans:
         job = setup_job(RunOptions(plan=str(path), backend="auto"), world)
         if job.plan.cluster.num_devices != world.Get_size():
@@ -407,6 +417,8 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
             if not (n.spec.is_source or n.spec.is_parallel_op):
                 piece = piece_of(pcg, i, dtype)
                 keys[i] = (piece.key, piece.kind)
+                if device is not None:
+                    roofs[piece.key] = roofline_entry(piece, device, dtype)
         job.executor.timings = {}
         for s in range(steps):
             batch = job.data.batch(s)
@@ -427,7 +439,8 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
             m[2].extend(b)
     half = dispatch / 2
     return {key: {"op": kind, "fwd_s": max(0.0, statistics.median(f) - half) if f else 0.0,
-                  "bwd_s": max(0.0, statistics.median(b) - half) if b else 0.0, "repeats": steps - 2}
+                  "bwd_s": max(0.0, statistics.median(b) - half) if b else 0.0, "repeats": steps - 2,
+                  **roofs.get(key, {})}
             for key, (kind, f, b) in sorted(merged.items()) if f}
 
 
@@ -440,21 +453,6 @@ def launched_by_mpi(environ: dict[str, str] | None = None) -> bool:
     which would initialize MPI)."""
     env = os.environ if environ is None else environ
     return any(v in env for v in MPI_ENV)
-
-
-def fit_alpha_beta(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """``(alpha, beta)`` of ``t = alpha + beta * n`` by least squares on relative error (so
-    small messages, which fix the latency, count as much as large ones); neither negative."""
-    n = np.array([s[0] for s in samples], dtype=float)
-    t = np.array([s[1] for s in samples], dtype=float)
-    w = 1 / np.maximum(t, 1e-12)
-    a, b = np.linalg.lstsq(np.stack([w, n * w], axis=1), t * w, rcond=None)[0]
-    if a < 0:  # all the time is per byte: refit through the origin
-        a, b = 0.0, float(np.sum(n * t * w * w) / np.sum(n * n * w * w))
-    if b <= 0:  # no bandwidth term visible: take the largest message's
-        b = float(t[-1] / max(n[-1], 1.0))
-        a = max(0.0, min(float(a), float(t.min())))
-    return float(a), float(b)
 
 
 def _reps(nbytes: int) -> int:
@@ -571,10 +569,10 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
     comm = _world_comm(bk)
     rank, ranks = (comm.rank, comm.size) if comm is not None else (0, 1)
     pieces = distinct_pieces(plan_graphs(models, cluster, batch_size, plans), dtype)
-    entries, skipped, failed = measure_compute(pieces, bk, policy, progress if rank == 0 else None)
+    entries, skipped, failed = measure_compute(pieces, bk, policy, progress if rank == 0 else None, device, dtype)
     overheads = measure_overheads(bk)
     if plans:  # the plans' own pieces, timed inside training steps, replace their isolated times
-        entries.update(measure_in_situ(plans, dtype, overheads[0] if overheads else 0.0))
+        entries.update(measure_in_situ(plans, dtype, overheads[0] if overheads else 0.0, device=device))
     comm_doc: dict[str, Any] = {"hosts": 1, "links": {}, "collectives": {}}
     if comm is not None:
         comm.barrier()
