@@ -394,3 +394,27 @@ def test_a_plans_pieces_are_timed_inside_training_steps(mlp, tmp_path):
     assert keys <= set(s) and keys <= set(a)
     assert all(s[k]["repeats"] == 10 for k in keys)            # 12 steps, 2 of warm-up
     assert any(s[k]["fwd_s"] != a[k]["fwd_s"] for k in keys)     # another measurement
+    # marked, with the alone time of the same run beside it and the roofline
+    assert all(s[k]["in_situ"] and s[k]["alone_fwd_s"] > 0 and s[k]["roof_fwd_s"] > 0 for k in keys)
+    assert not any(v.get("in_situ") for v in a.values())
+
+
+def test_pieces_timed_only_alone_are_scaled_to_steps(cluster):
+    """Pieces run slower inside steps: a MatMul timed both ways at 1.5x sets the ratio for
+    a MatMul timed only alone; a kind never timed in steps gets the ratio of all kinds; a
+    profile with no piece timed in steps is taken as it is."""
+    device = cluster.device_type(0)
+    both = {**_entry("MatMul", 3e-6, 1e-6), "fwd_s": 3e-6, "bwd_s": 6e-6, "in_situ": True,
+            "alone_fwd_s": 2e-6, "alone_bwd_s": 3e-6}
+    entries = {"both": both, "mm": _entry("MatMul", 4e-6, 1e-6), "relu": _entry("Unary", 1e-6, 1e-7)}
+    prof = Profile.from_json(_doc(entries))
+    assert prof.op_time(device, "float32", "both").fwd == 3e-6                      # as measured in steps
+    mm = prof.op_time(device, "float32", "mm")
+    assert (mm.fwd, mm.bwd) == pytest.approx((4e-6 * 1.5, 8e-6 * 2.0))
+    relu = prof.op_time(device, "float32", "relu")
+    assert (relu.fwd, relu.bwd) == pytest.approx((1.5e-6, 4e-6))
+    alone = Profile.from_json(_doc({"mm": entries["mm"]}))
+    assert alone.op_time(device, "float32", "mm").fwd == 4e-6
+    bad = {**entries["mm"], "alone_fwd_s": 1e-6, "alone_bwd_s": 1e-6}
+    with pytest.raises(ProfileError, match="only a piece timed in steps"):
+        Profile.from_json(_doc({"mm": bad}))

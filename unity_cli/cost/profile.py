@@ -11,7 +11,9 @@ so that save -> load -> save is byte-identical and its SHA-256 names one measure
      "compute": {DEVICE TYPE: {"kind": "cpu" | "gpu",
                                "dtypes": {DTYPE: {PIECE KEY: {"op": KIND, "fwd_s": s, "bwd_s": s,
                                                               "repeats": n,
-                                                              "roof_fwd_s": s, "roof_bwd_s": s}}},
+                                                              "roof_fwd_s": s, "roof_bwd_s": s,
+                                                              "in_situ": true,
+                                                              "alone_fwd_s": s, "alone_bwd_s": s}}},
                                "dispatch_s": s,                 # optional: per task, beside its kernels
                                "update_s": {OPTIMIZER: s}}},    # optional: per weight piece and step
      "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
@@ -32,6 +34,12 @@ pieces it did not measure with that fit rather than with the bare roofline: a se
 would otherwise prefer exactly the pieces nobody timed, because the roofline is
 optimistic (a plan identical to data parallelism but for a replicated batch came out 25 %
 faster on paper, and ran slower).
+
+``in_situ`` marks a piece timed inside training steps (``unity profile --plan``), with
+the time it took alone (``alone_*``) when that was measured too. Pieces run slower among
+their neighbours than alone, so a piece timed only alone is scaled by the median in-step
+to alone ratio of its kind (else of all kinds); without that, a search re-run on the
+profile would prefer the pieces that were only timed alone.
 
 ``dispatch_s`` is what the runtime's executor spends on one compute task (forward and
 backward) besides its kernels, and ``update_s`` the fixed cost of one optimizer update of
@@ -103,6 +111,9 @@ class OpTime:
     repeats: int
     roof_fwd: float | None = None     # the spec's roofline for the same piece, when recorded
     roof_bwd: float | None = None
+    in_situ: bool = False             # timed inside training steps
+    alone_fwd: float | None = None    # ... and alone, when both were measured
+    alone_bwd: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +182,7 @@ class Profile:
         digest = hashlib.sha256(self.text.encode()).hexdigest()
         object.__setattr__(self, "sha256", digest)
         object.__setattr__(self, "_hash", int(digest[:16], 16))
+        ops = {k: MappingProxyType(_as_in_steps(t)) for k, t in ops.items()}
         object.__setattr__(self, "_ops", MappingProxyType(ops))
         object.__setattr__(self, "_calibrations", MappingProxyType({k: _calibrate(t) for k, t in ops.items()}))
         object.__setattr__(self, "_links", MappingProxyType(links))
@@ -270,6 +282,34 @@ class Profile:
         for kind, fit in sorted(self._links.items()):
             parts.append(f"{kind} link {fit.latency * 1e6:.2f} us + {fit.bandwidth / 1e9:.2f} GB/s")
         return "; ".join(parts) or "no measurements"
+
+
+def _pair(t: Mapping[str, Any], where: str, name: str) -> tuple[float | None, float | None]:
+    """``<name>_fwd_s`` and ``<name>_bwd_s``: both or neither."""
+    f, b = f"{name}_fwd_s", f"{name}_bwd_s"
+    if (f in t) != (b in t):
+        raise ProfileError(f"{where}: {f} and {b} come together")
+    return (_num(t[f], f"{where}.{f}"), _num(t[b], f"{where}.{b}")) if f in t else (None, None)
+
+
+def _as_in_steps(table: Mapping[str, OpTime]) -> dict[str, OpTime]:
+    """Pieces timed only alone, scaled to what they would take inside steps: by the median
+    in-step / alone ratio of the pieces of their kind timed both ways (else of all kinds)."""
+    ratios: dict[str, tuple[list[float], list[float]]] = {}
+    for t in table.values():
+        if t.in_situ and t.alone_fwd and t.alone_bwd:
+            for kind in (t.op, "*"):
+                f, b = ratios.setdefault(kind, ([], []))
+                f.append(t.fwd / t.alone_fwd)
+                b.append(t.bwd / t.alone_bwd)
+    if not ratios:
+        return dict(table)
+    out = {}
+    for key, t in table.items():
+        r = ratios.get(t.op) or ratios.get("*") if not t.in_situ else None
+        out[key] = t if r is None else OpTime(t.op, t.fwd * statistics.median(r[0]), t.bwd * statistics.median(r[1]),
+                                              t.repeats, t.roof_fwd, t.roof_bwd)
+    return out
 
 
 def _calibrate(table: Mapping[str, OpTime]) -> dict[str, tuple[Calibration, Calibration]]:
@@ -391,14 +431,18 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
             out: dict[str, OpTime] = {}
             for key, t in sorted(_obj(table, at).items()):
                 w = f"{at}[{key!r}]"
-                _keys(_obj(t, w), w, ("bwd_s", "fwd_s", "op", "repeats"), ("roof_bwd_s", "roof_fwd_s"))
+                _keys(_obj(t, w), w, ("bwd_s", "fwd_s", "op", "repeats"),
+                      ("alone_bwd_s", "alone_fwd_s", "in_situ", "roof_bwd_s", "roof_fwd_s"))
                 if not isinstance(t["op"], str) or not t["op"]:
                     raise ProfileError(f"{w}.op: expected an operator kind, got {t['op']!r}")
-                if ("roof_fwd_s" in t) != ("roof_bwd_s" in t):
-                    raise ProfileError(f"{w}: roof_fwd_s and roof_bwd_s come together")
-                roof = [_num(t[k], f"{w}.{k}") for k in ("roof_fwd_s", "roof_bwd_s") if k in t] or [None, None]
+                if not isinstance(t.get("in_situ", False), bool):
+                    raise ProfileError(f"{w}.in_situ: expected true or false, got {t['in_situ']!r}")
+                roof = _pair(t, w, "roof")
+                alone = _pair(t, w, "alone")
+                if alone[0] is not None and not t.get("in_situ", False):
+                    raise ProfileError(f"{w}.alone_fwd_s: only a piece timed in steps (in_situ) has an alone time")
                 out[key] = OpTime(t["op"], _num(t["fwd_s"], f"{w}.fwd_s"), _num(t["bwd_s"], f"{w}.bwd_s"),
-                                  _int(t["repeats"], f"{w}.repeats", 1), *roof)
+                                  _int(t["repeats"], f"{w}.repeats", 1), *roof, t.get("in_situ", False), *alone)
             ops[(dev, kind, dtype)] = MappingProxyType(out)
     comm = _obj(data["comm"], "comm")
     _keys(comm, "comm", ("collectives", "device_kind", "device_type", "hosts", "links", "ranks"))

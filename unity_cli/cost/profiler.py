@@ -440,7 +440,7 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
     half = dispatch / 2
     return {key: {"op": kind, "fwd_s": max(0.0, statistics.median(f) - half) if f else 0.0,
                   "bwd_s": max(0.0, statistics.median(b) - half) if b else 0.0, "repeats": steps - 2,
-                  **roofs.get(key, {})}
+                  "in_situ": True, **roofs.get(key, {})}
             for key, (kind, f, b) in sorted(merged.items()) if f}
 
 
@@ -572,7 +572,12 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
     entries, skipped, failed = measure_compute(pieces, bk, policy, progress if rank == 0 else None, device, dtype)
     overheads = measure_overheads(bk)
     if plans:  # the plans' own pieces, timed inside training steps, replace their isolated times
-        entries.update(measure_in_situ(plans, dtype, overheads[0] if overheads else 0.0, device=device))
+        situ = measure_in_situ(plans, dtype, overheads[0] if overheads else 0.0, device=device)
+        for key, e in situ.items():
+            alone = entries.get(key)
+            if alone is not None:
+                e["alone_fwd_s"], e["alone_bwd_s"] = alone["fwd_s"], alone["bwd_s"]
+        entries.update(situ)
     comm_doc: dict[str, Any] = {"hosts": 1, "links": {}, "collectives": {}}
     if comm is not None:
         comm.barrier()
