@@ -7,6 +7,7 @@ import random
 import pytest
 
 from unity_cli.cluster import load_cluster
+from unity_cli.cost.model import CostConfig
 from unity_cli.ir import GraphBuilder, TensorShape
 from unity_cli.ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
@@ -107,3 +108,32 @@ def test_repeated_layers_are_solved_once(cluster_dir):
     assert shared.states < 0.6 * alone.states, (shared.states, alone.states)  # ...for far less work
     small = stacked(2)
     assert dp_map(small, cluster)[0] == pytest.approx(exhaustive_map(small, cluster))
+
+
+def test_mapping_cache_tells_equal_graphs_in_another_order_apart(cluster_dir):
+    """A mapping is by node position: the same graph built in another order (same canonical
+    hash) must not reuse it. It did, and `optimize` failed on bert_tiny with "view has 5
+    strides for 4 parallel axes" once two searches returned such a pair."""
+    from unity_cli.search.baselines import data_parallel  # noqa: PLC0415
+    from unity_cli.search.optimize import evaluate  # noqa: PLC0415
+
+    def build(order: str):
+        b, outs = GraphBuilder(), {}
+        for part in order:
+            if part == "A":
+                x = b.add1(InputAttrs(TensorShape((8, 16))), (), "x")
+                w = b.add1(WeightAttrs(TensorShape((16, 4))), (), "w")
+                outs["a"] = b.add1(MatMulAttrs(), (x, w), "mm")
+            else:
+                y = b.add1(InputAttrs(TensorShape((8, 4, 2))), (), "y")
+                outs["b"] = b.add1(UnaryAttrs("Relu"), (y,), "relu")
+        return b.build([outs["a"], outs["b"]])
+
+    cluster = load_cluster(cluster_dir / "dgx-a100-8.yaml")
+    first, second = build("AB"), build("BA")
+    assert first.canonical_hash == second.canonical_hash
+    cache: dict = {}
+    for g in (first, second):
+        c = evaluate(data_parallel(g, cluster), cluster, CostConfig(), None, cache)
+        for i, n in c.baseline.pcg:
+            c.views[i].devices(n.outputs[0])   # each view fits its own node

@@ -54,7 +54,7 @@ def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
     validate(baseline.pcg)
     best = None
     cache = {} if cache is None else cache
-    key = baseline.pcg.canonical_hash
+    key = baseline.pcg.node_hashes  # views are by node position: equal graphs in another order differ
     if key not in cache:
         cache[key] = dp_map(baseline.pcg, cluster, config, seconds=seconds)
     mapped = cache[key]
