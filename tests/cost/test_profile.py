@@ -418,3 +418,43 @@ def test_pieces_timed_only_alone_are_scaled_to_steps(cluster):
     bad = {**entries["mm"], "alone_fwd_s": 1e-6, "alone_bwd_s": 1e-6}
     with pytest.raises(ProfileError, match="only a piece timed in steps"):
         Profile.from_json(_doc({"mm": bad}))
+
+
+def test_parallel_op_tasks_pay_the_dispatch_too(profiled, mlp, cluster):
+    """The executor runs a moving parallel op as a task like a compute one: with a profile,
+    each direction that moves data costs the link model plus half the measured dispatch."""
+    from unity_cli.search.baselines import tensor_parallel  # noqa: PLC0415
+
+    pcg = tensor_parallel(import_model(str(mlp), ImportOptions(8, {})).pcg, cluster).pcg
+    views = default_views(pcg)
+    doc = profiled.to_json()
+    half = doc["compute"]["cpu-core"]["dispatch_s"] / 2
+    doc["compute"]["cpu-core"]["dispatch_s"] = 0.0
+    with_dispatch = CostContext.of(pcg, cluster, CostConfig(profile=profiled))
+    without = CostContext.of(pcg, cluster, CostConfig(profile=Profile.from_json(doc)))
+    moving = 0
+    for i, n in pcg:
+        if n.spec.is_parallel_op:
+            a, b = node_cost(with_dispatch, i, views), node_cost(without, i, views)
+            assert a.comm_fwd == pytest.approx(b.comm_fwd + (half if b.comm_fwd else 0.0))
+            assert a.comm_bwd == pytest.approx(b.comm_bwd + (half if b.comm_bwd else 0.0))
+            moving += b.comm_fwd > 0
+    assert moving > 0
+
+
+def test_the_loss_runs_between_forward_and_backward(profiled, mlp, cluster):
+    """With a profile, the step pays the runtime's measured loss once, on the output's
+    devices, after the last forward event and before the first backward one."""
+    loss = profiled.to_json()["compute"]["cpu-core"]["loss_s"]
+    assert 0 < loss < 1e-2
+    pcg, views = _dp(mlp, cluster, 8)
+    doc = profiled.to_json()
+    doc["compute"]["cpu-core"]["loss_s"] = 0.0
+    with_loss = estimate(pcg, views, cluster, CostConfig(profile=profiled))
+    without = estimate(pcg, views, cluster, CostConfig(profile=Profile.from_json(doc)))
+    assert with_loss.step_time == pytest.approx(without.step_time + loss)
+    (event,) = [e for e in with_loss.events if e.phase == "loss"]
+    assert event.devices == views[pcg.outputs[0].node].devices(pcg.nodes[pcg.outputs[0].node].outputs[0])
+    assert max(e.end for e in with_loss.events if e.phase == "fwd") <= event.start
+    assert min(e.start for e in with_loss.events if e.phase == "bwd") >= event.end
+    assert not [e for e in without.events if e.phase == "loss"]

@@ -64,7 +64,7 @@ class Event:
     """One piece of work on the simulated timeline of a step (times in seconds)."""
 
     node: int
-    phase: str                     # "fwd" | "bwd" | "sync" | "update"
+    phase: str                     # "fwd" | "loss" | "bwd" | "sync" | "update"
     stream: Stream
     devices: tuple[int, ...]
     start: float
@@ -228,6 +228,9 @@ def node_cost(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Seque
         return NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster, config.profile) if trainable else 0.0)
     if n.spec.is_parallel_op:
         f, b = _comm(pcg, i, views, cluster, config.dtype, ctx.fused, config.profile)
+        if config.profile is not None and (f or b):  # a task of the runtime's, like a compute one
+            half = config.profile.dispatch(cluster.device_type(views[i].devices(n.outputs[0])[0])) / 2
+            f, b = f + half if f else 0.0, b + half if b else 0.0
         return NodeCost(i, 0, 0, f, b, 0)
     devices = views[i].devices(n.outputs[0])
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
@@ -263,15 +266,18 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     layout = ctx.layout
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
     costs = [node_cost(ctx, i, views) for i in range(len(pcg))]
-    events = _simulate(pcg, devs, costs, layout)
+    out_devs = devs[pcg.outputs[0].node]
+    loss = config.profile.loss(cluster.device_type(out_devs[0])) if config.profile is not None else 0.0
+    events = _simulate(pcg, devs, costs, layout, (out_devs, loss))
     update = _update_time(pcg, devs, layout, cluster, config)
     end = max((e.end for e in events), default=0.0)
     step = end
     busiest_compute = [0.0] * cluster.num_devices
     busiest_comm = [0.0] * cluster.num_devices
     for e in events:
-        acc = busiest_compute if (e.stream is Stream.COMPUTE and e.phase in ("fwd", "bwd") and
-                                  costs[e.node].comm_fwd + costs[e.node].comm_bwd == 0) else busiest_comm
+        acc = busiest_compute if e.phase == "loss" or (e.stream is Stream.COMPUTE and e.phase in ("fwd", "bwd") and
+                                                       costs[e.node].comm_fwd + costs[e.node].comm_bwd == 0) \
+            else busiest_comm
         for d in e.devices:
             acc[d] += e.end - e.start
     upd_events = []
@@ -295,10 +301,16 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
                       tuple(costs), tuple(events) + tuple(upd_events), infeasible)
 
 
+LOSS_NODE = -2
+"""The node of the loss event (the update's is -1): the runtime's fixed work per step
+between forward and backward, measured by the profile (``loss_s``)."""
+
+
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
-              layout: Sequence[int | None]) -> list[Event]:
-    """List scheduling: forward in topological order, backward in reverse; each node waits
-    for its inputs (forward) or its consumers' gradients (backward) and for its devices."""
+              layout: Sequence[int | None], loss: tuple[tuple[int, ...], float] = ((), 0.0)) -> list[Event]:
+    """List scheduling: forward in topological order, the loss on the output's devices,
+    backward in reverse; each node waits for its inputs (forward) or its consumers'
+    gradients (backward) and for its devices."""
     free_compute: dict[int, float] = {}
     free_comm: dict[int, float] = {}
     events: list[Event] = []
@@ -313,6 +325,13 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
                 free_compute[d] = start + dur
         ready[i] = start + dur
     fwd_end = max(ready, default=0.0)
+    loss_devs, loss_s = loss
+    if loss_s > 0 and loss_devs:
+        start = max([fwd_end] + [free_compute.get(d, 0.0) for d in loss_devs])
+        events.append(Event(LOSS_NODE, "loss", Stream.COMPUTE, loss_devs, start, start + loss_s))
+        for d in loss_devs:
+            free_compute[d] = start + loss_s
+        fwd_end = start + loss_s
     grad_ready = [fwd_end] * len(pcg)
     for i in range(len(pcg) - 1, -1, -1):
         n, c = pcg.nodes[i], costs[i]

@@ -15,7 +15,8 @@ so that save -> load -> save is byte-identical and its SHA-256 names one measure
                                                               "in_situ": true,
                                                               "alone_fwd_s": s, "alone_bwd_s": s}}},
                                "dispatch_s": s,                 # optional: per task, beside its kernels
-                               "update_s": {OPTIMIZER: s}}},    # optional: per weight piece and step
+                               "update_s": {OPTIMIZER: s},      # optional: per weight piece and step
+                               "loss_s": s}},                   # optional: per step
      "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
               "links": {LINK KIND: {"latency_s": s, "bandwidth_Bps": b, "samples": [[bytes, s], ...]}},
               "collectives": {COLLECTIVE: {LINK KIND: {"ranks": p, "alpha_s": s, "beta_s_per_byte": s,
@@ -170,7 +171,7 @@ class Profile:
     _links: Mapping[str, LinkFit] = field(init=False, repr=False)
     _collectives: Mapping[tuple[str, str], CollectiveFit] = field(init=False, repr=False)
     _types: frozenset[tuple[str, str]] = field(init=False, repr=False)
-    _overheads: Mapping[tuple[str, str], tuple[float, Mapping[str, float]]] = field(init=False, repr=False)
+    _overheads: Mapping[tuple[str, str], tuple[float, Mapping[str, float], float]] = field(init=False, repr=False)
     _calibrations: Mapping[tuple[str, str, str], Mapping[str, tuple[Calibration, Calibration]]] = field(
         init=False, repr=False)
     _hash: int = field(init=False, repr=False)
@@ -247,6 +248,11 @@ class Profile:
         """Fixed seconds of one optimizer update of one weight piece (0 if not measured)."""
         entry = self._overheads.get((device.name, device.kind.value))
         return entry[1].get(optimizer, 0.0) if entry is not None else 0.0
+
+    def loss(self, device: DeviceType) -> float:
+        """Fixed seconds of a step's loss on ``device`` (0 if not measured)."""
+        entry = self._overheads.get((device.name, device.kind.value))
+        return entry[2] if entry is not None else 0.0
 
     def link(self, kind: str) -> LinkFit | None:
         """The measured point-to-point link of a kind (``intra-node``/``inter-node``)."""
@@ -413,7 +419,7 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
     overheads: dict[tuple[str, str], tuple[float, Mapping[str, float]]] = {}
     for dev, entry in sorted(_obj(data["compute"], "compute").items()):
         where = f"compute.{dev}"
-        _keys(_obj(entry, where), where, ("dtypes", "kind"), ("dispatch_s", "update_s"))
+        _keys(_obj(entry, where), where, ("dtypes", "kind"), ("dispatch_s", "loss_s", "update_s"))
         kind = entry["kind"]
         if kind not in ("cpu", "gpu"):
             raise ProfileError(f"{where}.kind: expected 'cpu' or 'gpu', got {kind!r}")
@@ -423,7 +429,7 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
             if opt not in ("sgd", "momentum", "adam"):
                 raise ProfileError(f"{where}.update_s.{opt}: unknown optimizer (expected sgd, momentum or adam)")
             update[opt] = _num(t, f"{where}.update_s.{opt}")
-        overheads[(dev, kind)] = (dispatch, MappingProxyType(update))
+        overheads[(dev, kind)] = (dispatch, MappingProxyType(update), _num(entry.get("loss_s", 0.0), f"{where}.loss_s"))
         for dtype, table in sorted(_obj(entry["dtypes"], f"{where}.dtypes").items()):
             at = f"{where}.dtypes.{dtype}"
             if dtype not in _FLOAT_DTYPES:

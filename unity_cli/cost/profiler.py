@@ -543,13 +543,13 @@ def _world_comm(backend: Backend) -> Any | None:
 # The whole run.
 
 
-def measure_overheads(backend: Backend) -> tuple[float, dict[str, float]] | None:
-    """The runtime's dispatch per compute task and fixed cost per optimizer update (see
+def measure_overheads(backend: Backend) -> tuple[float, dict[str, float], float] | None:
+    """The runtime's dispatch per task, fixed cost per optimizer update and per loss (see
     ``runtime/calibrate.py``); None where the runtime cannot run here."""
-    from ..runtime.calibrate import dispatch_seconds, update_seconds
+    from ..runtime.calibrate import _weights_program, dispatch_seconds
 
     try:
-        return dispatch_seconds(backend.name, backend.xp), update_seconds(backend.name, backend.xp)
+        return (dispatch_seconds(backend.name, backend.xp), *_weights_program(backend.name, backend.xp, 20))
     except UnityError:
         return None
 
@@ -592,7 +592,7 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
         raise ProfileError(f"compute.{device.name}.kind: the profile holds a {dev['kind']} device of this name, "
                            f"this one is a {device.kind.value}")
     if overheads is not None:
-        dev["dispatch_s"], dev["update_s"] = overheads
+        dev["dispatch_s"], dev["update_s"], dev["loss_s"] = overheads
     table = dev["dtypes"].setdefault(dtype.value, {})
     kept -= sum(1 for k in entries if k in table)
     table.update(entries)

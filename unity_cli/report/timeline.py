@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostReport, Event, Stream
+from ..cost.model import LOSS_NODE, CostReport, Event, Stream
 from ..ir.pcg import PCG
 from .markup import devices_label, esc, ms, nice_step, num
 from .operators import node_label
@@ -22,6 +22,7 @@ KINDS = {
     "compute-bwd": "backward compute",
     "comm-fwd": "forward communication",
     "comm-bwd": "backward communication",
+    "loss": "loss",
     "sync": "gradient all-reduce",
     "update": "optimizer update",
 }
@@ -30,7 +31,7 @@ LABEL_W, PLOT_W, LANE_C, LANE_M, ROW_GAP, AXIS_H = 170.0, 900.0, 16.0, 10.0, 10.
 
 def event_kind(e: Event, report: CostReport) -> str:
     """What an event is, for its colour: parallel ops are communication on either stream."""
-    if e.phase in ("sync", "update"):
+    if e.phase in ("loss", "sync", "update"):
         return e.phase
     c = report.nodes[e.node]
     comm = e.stream is Stream.COMM or c.comm_fwd + c.comm_bwd > 0
@@ -97,7 +98,8 @@ def render_timeline(report: CostReport, pcg: PCG, num_devices: int, max_rows: in
             x = LABEL_W + e.start * 1e3 * scale
             w = max((e.end - e.start) * 1e3 * scale, 0.4)
             if e.node not in labels:
-                labels[e.node] = "optimizer update (all weights)" if e.node < 0 else node_label(pcg, e.node)
+                labels[e.node] = ("optimizer update (all weights)" if e.node == -1 else "loss" if e.node == LOSS_NODE
+                                  else node_label(pcg, e.node))
             tip = (f"{labels[e.node]}\n{KINDS[kind]} ({e.phase}, {e.stream.value} stream)\n"
                    f"{ms(e.start * 1e3)} – {ms(e.end * 1e3)}: {ms((e.end - e.start) * 1e3)}\n"
                    f"on {devices_label(e.devices)}")

@@ -94,6 +94,18 @@ def update_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20) -> dic
     backward: assembling its gradient, the optimizer's arithmetic, re-cutting the piece
     (the step's ``optimizer`` phase, ``phases.py``, of a program of many tiny weights,
     divided by their count; the least disturbed step)."""
+    return _weights_program(backend, xp, steps)[0]
+
+
+def loss_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20) -> float:
+    """The fixed seconds of a step's loss on one device (the ``loss`` phase of a small
+    output: the runtime's gathering, the loss and its gradient; the least disturbed step)."""
+    return _weights_program(backend, xp, steps)[1]
+
+
+def _weights_program(backend: str, xp: Any, steps: int) -> tuple[dict[str, float], float]:
+    """Train :func:`weights_sum` with each optimizer: per-weight update seconds, and the
+    loss phase's seconds."""
     from .comm import mpi
     from .executor import build_executor
     from .loss import LossKind
@@ -106,7 +118,7 @@ def update_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20) -> dic
     initial = {f"w{k}": rng.standard_normal((2, 4)).astype(np.float32) for k in range(WEIGHTS)}
     inputs = {"x": xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))}
     target = xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))
-    out = {}
+    out, loss = {}, []
     for name in ("sgd", "momentum", "adam"):
         _, comm, _, executor = build_executor(pcg, single_device_views(pcg), None, backend, mpi().COMM_SELF, xp,
                                               initial, OptimizerConfig.of(name, 1e-3), LossKind.MSE, {})
@@ -117,7 +129,8 @@ def update_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20) -> dic
             comm.sync()
             clock.stop(time.perf_counter() - t0)
         out[name] = min(s["optimizer"] for s in clock.steps[1:]) / WEIGHTS
-    return out
+        loss.append(min(s["loss"] for s in clock.steps[1:]))
+    return out, min(loss)
 
 
 WEIGHTS = 64

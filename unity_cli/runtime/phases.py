@@ -99,10 +99,12 @@ def predicted_phases_ms(report: Any, devices: int) -> dict[str, float]:
                 key = "bwd_comm" if c is not None and c.comm_bwd > 0 else "bwd_compute"
             case "sync":
                 key = "grad_sync"
+            case "loss":
+                key = "loss"
             case _:
                 key = "optimizer"
         busy[key] += (e.end - e.start) * len(e.devices)
-    return {p: busy[p] / max(1, devices) * 1e3 for p in PHASES if p not in ("loss", "other")}
+    return {p: busy[p] / max(1, devices) * 1e3 for p in PHASES if p != "other"}
 
 
 def phase_table(measured: Mapping[str, float], predicted: Mapping[str, float]) -> list[str]:
