@@ -42,10 +42,11 @@ their neighbours than alone, so a piece timed only alone is scaled by the median
 to alone ratio of its kind (else of all kinds); without that, a search re-run on the
 profile would prefer the pieces that were only timed alone.
 
-``dispatch_s`` is what the runtime's executor spends on one compute task (forward and
-backward) besides its kernels, and ``update_s`` the fixed cost of one optimizer update of
-one weight piece; both are measured by ``runtime/calibrate.py`` and added by the cost
-model to every task and every stored weight piece on that device type.
+``dispatch_s`` is what the runtime's executor spends on one task (forward and backward)
+besides its kernels or messages, ``update_s`` the fixed cost of one optimizer update of
+one weight piece and ``loss_s`` that of a step's loss; all are measured by
+``runtime/calibrate.py`` and added by the cost model to every task, every stored weight
+piece and every step on that device type.
 
 Only ``compute`` and ``comm`` feed the cost model; ``machine`` and ``settings`` reach a
 plan only through the profile's content hash.
