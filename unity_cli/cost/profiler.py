@@ -546,10 +546,10 @@ def _world_comm(backend: Backend) -> Any | None:
 def measure_overheads(backend: Backend) -> tuple[float, dict[str, float], float] | None:
     """The runtime's dispatch per task, fixed cost per optimizer update and per loss (see
     ``runtime/calibrate.py``); None where the runtime cannot run here."""
-    from ..runtime.calibrate import _weights_program, dispatch_seconds
+    from ..runtime.calibrate import dispatch_seconds, update_and_loss_seconds
 
     try:
-        return (dispatch_seconds(backend.name, backend.xp), *_weights_program(backend.name, backend.xp, 20))
+        return (dispatch_seconds(backend.name, backend.xp), *update_and_loss_seconds(backend.name, backend.xp))
     except UnityError:
         return None
 

@@ -1,5 +1,5 @@
-"""How long the executor spends on a compute task besides its kernel, and an optimizer
-update besides its arithmetic.
+"""How long the executor spends on a task besides its kernel, on an optimizer
+update besides its arithmetic, and on a step's loss.
 
 A profile times each operator piece's kernels alone; a training step also pays, per
 task, the executor's dispatch: looking up the pieces it reads, saving what backward
@@ -13,7 +13,8 @@ optimizer, the first MatMul) is common to both programs and cancels.
 
 The update overhead is timed directly: the ``optimizer`` phase of a step (``phases.py``)
 of a program with many tiny weights, per weight; their bytes are too few for the
-bandwidth term the cost model adds to matter.
+bandwidth term the cost model adds to matter. The same steps' ``loss`` phase is the fixed
+cost of a step's loss.
 """
 from __future__ import annotations
 
@@ -89,23 +90,14 @@ def dispatch_seconds(backend: str = "numpy", xp: Any = np, steps: int = 30) -> f
     return max(0.0, per_task - _kernel_seconds(xp))
 
 
-def update_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20) -> dict[str, float]:
-    """Per optimizer, the fixed seconds a step spends on one (tiny) weight piece after
-    backward: assembling its gradient, the optimizer's arithmetic, re-cutting the piece
-    (the step's ``optimizer`` phase, ``phases.py``, of a program of many tiny weights,
-    divided by their count; the least disturbed step)."""
-    return _weights_program(backend, xp, steps)[0]
-
-
-def loss_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20) -> float:
-    """The fixed seconds of a step's loss on one device (the ``loss`` phase of a small
-    output: the runtime's gathering, the loss and its gradient; the least disturbed step)."""
-    return _weights_program(backend, xp, steps)[1]
-
-
-def _weights_program(backend: str, xp: Any, steps: int) -> tuple[dict[str, float], float]:
-    """Train :func:`weights_sum` with each optimizer: per-weight update seconds, and the
-    loss phase's seconds."""
+def update_and_loss_seconds(backend: str = "numpy", xp: Any = np, steps: int = 20
+                            ) -> tuple[dict[str, float], float]:
+    """Train :func:`weights_sum` with each optimizer. Per optimizer, the fixed seconds a step
+    spends on one (tiny) weight piece after backward: assembling its gradient, the
+    optimizer's arithmetic, re-cutting the piece (the step's ``optimizer`` phase,
+    ``phases.py``, divided by the weights); and the fixed seconds of the step's loss (its
+    ``loss`` phase: gathering the output, the loss and its gradient). Each from the least
+    disturbed step."""
     from .comm import mpi
     from .executor import build_executor
     from .loss import LossKind
