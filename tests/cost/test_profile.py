@@ -458,3 +458,29 @@ def test_the_loss_runs_between_forward_and_backward(profiled, mlp, cluster):
     assert max(e.end for e in with_loss.events if e.phase == "fwd") <= event.start
     assert min(e.start for e in with_loss.events if e.phase == "bwd") >= event.end
     assert not [e for e in without.events if e.phase == "loss"]
+
+
+def test_calibration_survives_what_real_profiles_hold(cluster):
+    """Times that do not grow with the roofline (small CPU pieces), a piece with no backward
+    (timed 0 in steps), and absurd magnitudes: the fit stays a ratio of times, never prices
+    a piece below its roofline, ignores the zeros, and never raises."""
+    from unity_cli.cost.profile import Calibration  # noqa: PLC0415
+
+    device = cluster.device_type(0)
+    flat = Calibration.fit([(1e-6, 5e-5), (2e-6, 4e-5), (4e-6, 3e-5)])
+    assert flat(1e-2) >= 1e-2                                   # not 30 us for a 10 ms piece
+    line = [(r, 5e-6 + 2 * r) for r in (1e-6, 1e-5, 1e-4)]
+    assert Calibration.fit([*line, (5e-6, 0.0)]) == Calibration.fit(line)
+    inactive = {**_entry("MatMul", 3e-6, 1e-6), "bwd_s": 0.0, "in_situ": True, "alone_fwd_s": 2e-6,
+                "alone_bwd_s": 3e-6}
+    prof = Profile.from_json(_doc({"inactive": inactive, "mm": _entry("MatMul", 4e-6, 1e-6)}))
+    mm = prof.op_time(device, "float32", "mm")
+    assert mm.fwd == pytest.approx(6e-6) and mm.bwd == pytest.approx(8e-6)   # bwd: no usable ratio, kept
+    assert prof.unmeasured(device, "float32", "MatMul", 1e-6, 2e-6)[1] > 0
+    odd = {"a": {**_entry("MatMul", 1e-300, 1e300)}, "b": {**_entry("MatMul", 1e-300, 1.5e300)},
+           "c": {**_entry("Unary", 1e-6, 1e-7), "in_situ": True, "alone_fwd_s": 5e-324, "alone_bwd_s": 5e-324}}
+    odd_prof = Profile.from_json(_doc(odd))
+    assert odd_prof.op_time(device, "float32", "a") is not None
+    for kind in ("MatMul", "Unary", "Softmax"):
+        got = odd_prof.unmeasured(device, "float32", kind, 1e-6, 2e-6)
+        assert got is None or all(v >= 0 and v < float("inf") for v in got)

@@ -120,23 +120,40 @@ class OpTime:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """``measured = a + b * roofline`` for one direction of one operator kind."""
+    """``measured = a + b * roofline`` for one direction of one operator kind, never below
+    the roofline itself (a lower bound by construction)."""
 
     a: float
     b: float
 
     def __call__(self, roof: float) -> float:
-        return self.a + self.b * roof if roof > 0 else 0.0
+        return max(roof, self.a + self.b * roof) if roof > 0 else 0.0
 
     @staticmethod
     def fit(pairs: Sequence[tuple[float, float]]) -> Calibration | None:
-        """From (roofline, measured) pairs; one distinct roofline gives a plain ratio."""
-        pairs = sorted((r, m) for r, m in pairs if r > 0)
+        """From (roofline, measured) pairs with both positive (a zero measurement is a piece
+        that did no work there, not a data point). Least squares on relative error with
+        ``a, b >= 0``; a single distinct roofline, or times that do not grow with it, give
+        the plain median ratio. None when nothing usable is left."""
+        pairs = sorted((r, m) for r, m in pairs if r > 0 and m > 0 and math.isfinite(r) and math.isfinite(m))
         if not pairs:
             return None
+        ratio = Calibration(0.0, statistics.median(m / r for r, m in pairs))
         if len({r for r, _ in pairs}) < 2:
-            return Calibration(0.0, statistics.median(m / r for r, m in pairs))
-        return Calibration(*fit_alpha_beta(pairs))
+            return ratio if math.isfinite(ratio.b) else None
+        r = np.array([x for x, _ in pairs])
+        m = np.array([y for _, y in pairs])
+        w = 1 / m
+        with np.errstate(all="ignore"):  # absurd magnitudes end up non-finite, checked below
+            try:
+                a, b = np.linalg.lstsq(np.stack([w, r * w], axis=1), m * w, rcond=None)[0]
+            except np.linalg.LinAlgError:
+                return ratio if math.isfinite(ratio.b) else None
+            if a < 0:       # no fixed part: a line through the origin
+                a, b = 0.0, float(np.sum(r * m * w * w) / np.sum(r * r * w * w))
+        if not (b > 0 and math.isfinite(a) and math.isfinite(b)):
+            return ratio if math.isfinite(ratio.b) else None
+        return Calibration(float(a), float(b))
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,24 +316,37 @@ def _pair(t: Mapping[str, Any], where: str, name: str) -> tuple[float | None, fl
     return (_num(t[f], f"{where}.{f}"), _num(t[b], f"{where}.{b}")) if f in t else (None, None)
 
 
+RATIO_BOUNDS = (0.2, 5.0)
+"""In-step / alone ratios outside these are measurement accidents, not slowdowns."""
+
+
 def _as_in_steps(table: Mapping[str, OpTime]) -> dict[str, OpTime]:
     """Pieces timed only alone, scaled to what they would take inside steps: by the median
-    in-step / alone ratio of the pieces of their kind timed both ways (else of all kinds)."""
+    in-step / alone ratio of the pieces of their kind timed both ways (else of all kinds).
+    A direction timed 0 on either side (a piece without backward, a time below the
+    dispatch) says nothing about the ratio and is left out."""
+    lo, hi = RATIO_BOUNDS
     ratios: dict[str, tuple[list[float], list[float]]] = {}
     for t in table.values():
-        if t.in_situ and t.alone_fwd and t.alone_bwd:
-            for kind in (t.op, "*"):
-                f, b = ratios.setdefault(kind, ([], []))
-                f.append(t.fwd / t.alone_fwd)
-                b.append(t.bwd / t.alone_bwd)
+        if not t.in_situ:
+            continue
+        for k, (situ, alone) in enumerate(((t.fwd, t.alone_fwd), (t.bwd, t.alone_bwd))):
+            if alone and situ > 0 and alone > 0 and lo <= situ / alone <= hi:
+                for kind in (t.op, "*"):
+                    ratios.setdefault(kind, ([], []))[k].append(situ / alone)
     if not ratios:
         return dict(table)
-    out = {}
-    for key, t in table.items():
-        r = ratios.get(t.op) or ratios.get("*") if not t.in_situ else None
-        out[key] = t if r is None else OpTime(t.op, t.fwd * statistics.median(r[0]), t.bwd * statistics.median(r[1]),
-                                              t.repeats, t.roof_fwd, t.roof_bwd)
-    return out
+
+    def scale(kind: str, k: int) -> float:
+        for key in (kind, "*"):
+            got = ratios.get(key, ([], []))[k]
+            if got:
+                return statistics.median(got)
+        return 1.0
+
+    return {key: t if t.in_situ else OpTime(t.op, t.fwd * scale(t.op, 0), t.bwd * scale(t.op, 1), t.repeats,
+                                               t.roof_fwd, t.roof_bwd)
+            for key, t in table.items()}
 
 
 def _calibrate(table: Mapping[str, OpTime]) -> dict[str, tuple[Calibration, Calibration]]:

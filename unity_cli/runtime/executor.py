@@ -163,8 +163,8 @@ class Executor:
         if clock:
             clock.lap("fwd_compute", "fwd_comm")
         loss = self._loss_step(target)
-        if clock:
-            clock.lap("loss")
+        if clock:  # the loss's gathering and all-reduce (waiting for the other ranks) is communication
+            clock.lap("loss", "fwd_comm")
         for m in reversed(self.mine):
             if m.active:
                 self._guard(m, self._backward)
