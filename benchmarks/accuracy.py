@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from unity_cli import zoo  # noqa: E402
+from unity_cli.runtime.phases import PHASES  # noqa: E402
 
 BIN = Path(sys.executable).parent
 UNITY, MPIEXEC = str(BIN / "unity"), str(BIN / "mpiexec")
@@ -86,9 +87,6 @@ def ordering(results: list[Result]) -> str:
         total += 1
         agree += min(mine, key=lambda r: r.predicted_ms).measured_ms == min(r.measured_ms for r in mine)
     return f"the plan predicted fastest also ran fastest for {agree} of {total} models"
-
-
-PHASES = ("fwd_compute", "fwd_comm", "loss", "bwd_compute", "bwd_comm", "grad_sync", "optimizer", "other")
 
 
 def _phase(r: Result, kind: str, phase: str) -> str:

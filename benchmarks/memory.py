@@ -12,10 +12,8 @@ median step times (``mpiexec -n 2 unity run --steps N --json``) and their ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from profile_accuracy import last_json, sh  # the benchmarks' folder is on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,10 +44,7 @@ def deep_mlp(path: Path, width: int = 1024, layers: int = 8) -> Path:
 
 
 def run_json(cmd: list[str], env: dict[str, str]) -> dict:
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
-    return json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+    return last_json(sh(cmd, env, timeout=900))
 
 
 def main() -> None:

@@ -139,21 +139,13 @@ class Calibration:
         if not pairs:
             return None
         ratio = Calibration(0.0, statistics.median(m / r for r, m in pairs))
+        fallback = ratio if math.isfinite(ratio.b) else None
         if len({r for r, _ in pairs}) < 2:
-            return ratio if math.isfinite(ratio.b) else None
-        r = np.array([x for x, _ in pairs])
-        m = np.array([y for _, y in pairs])
-        w = 1 / m
-        with np.errstate(all="ignore"):  # absurd magnitudes end up non-finite, checked below
-            try:
-                a, b = np.linalg.lstsq(np.stack([w, r * w], axis=1), m * w, rcond=None)[0]
-            except np.linalg.LinAlgError:
-                return ratio if math.isfinite(ratio.b) else None
-            if a < 0:       # no fixed part: a line through the origin
-                a, b = 0.0, float(np.sum(r * m * w * w) / np.sum(r * r * w * w))
+            return fallback
+        a, b = _relative_line(pairs)
         if not (b > 0 and math.isfinite(a) and math.isfinite(b)):
-            return ratio if math.isfinite(ratio.b) else None
-        return Calibration(float(a), float(b))
+            return fallback
+        return Calibration(a, b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,20 +357,32 @@ def _calibrate(table: Mapping[str, OpTime]) -> dict[str, tuple[Calibration, Cali
     return out
 
 
+def _relative_line(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(a, b)`` of ``y = a + b * x`` by least squares on relative error, ``a >= 0`` (else
+    refitted through the origin); non-finite when the numbers defeat the solver."""
+    x = np.array([s[0] for s in samples], dtype=float)
+    y = np.array([s[1] for s in samples], dtype=float)
+    w = 1 / np.maximum(y, 1e-12)
+    with np.errstate(all="ignore"):  # absurd magnitudes end up non-finite; callers check
+        try:
+            a, b = np.linalg.lstsq(np.stack([w, x * w], axis=1), y * w, rcond=None)[0]
+        except np.linalg.LinAlgError:
+            return math.nan, math.nan
+        if a < 0:
+            a, b = 0.0, np.sum(x * y * w * w) / np.sum(x * x * w * w)
+    return float(a), float(b)
+
+
 def fit_alpha_beta(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """``(alpha, beta)`` of ``t = alpha + beta * n`` by least squares on relative error (so
     small messages, which fix the latency, count as much as large ones); neither negative.
     ``samples`` are ``(n, t)`` in increasing ``n``."""
-    n = np.array([s[0] for s in samples], dtype=float)
-    t = np.array([s[1] for s in samples], dtype=float)
-    w = 1 / np.maximum(t, 1e-12)
-    a, b = np.linalg.lstsq(np.stack([w, n * w], axis=1), t * w, rcond=None)[0]
-    if a < 0:  # all the time is per byte: refit through the origin
-        a, b = 0.0, float(np.sum(n * t * w * w) / np.sum(n * n * w * w))
-    if b <= 0:  # no bandwidth term visible: take the largest message's
-        b = float(t[-1] / max(n[-1], 1.0))
-        a = max(0.0, min(float(a), float(t.min())))
-    return float(a), float(b)
+    a, b = _relative_line(samples)
+    if not b > 0:  # no bandwidth term visible: take the largest message's
+        n, t = samples[-1]
+        b = float(t / max(n, 1.0))
+        a = max(0.0, min(a, min(s[1] for s in samples))) if math.isfinite(a) else 0.0
+    return a, b
 
 
 def dumps(data: Any) -> str:

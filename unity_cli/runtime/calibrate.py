@@ -44,27 +44,37 @@ def chain(tasks: int) -> PCG:
     return b.build([h])
 
 
-def _step_seconds(tasks: int, backend: str, xp: Any, steps: int) -> float:
+def _timed_steps(pcg: PCG, initial: dict[str, np.ndarray], optimizer: str, backend: str, xp: Any,
+                 steps: int) -> list[tuple[float, dict[str, float]]]:
+    """Train ``pcg`` (input ``x`` and output [2, 4], on one device) for ``steps`` steps after a
+    warm-up one: each step's seconds and its phases (``phases.py``)."""
     from .comm import mpi
     from .executor import build_executor
     from .loss import LossKind
     from .optim import OptimizerConfig
+    from .phases import StepClock
     from .program import single_device_views
 
-    pcg = chain(tasks)
     rng = np.random.default_rng(0)
     _, comm, _, executor = build_executor(pcg, single_device_views(pcg), None, backend, mpi().COMM_SELF, xp,
-                                          {"w": rng.standard_normal((4, 4)).astype(np.float32)},
-                                          OptimizerConfig.of("sgd", 1e-3), LossKind.MSE, {})
+                                          initial, OptimizerConfig.of(optimizer, 1e-3), LossKind.MSE, {})
     inputs = {"x": xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))}
     target = xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))
+    clock = executor.clock = StepClock(comm)
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
         executor.step(inputs, target)
         comm.sync()
         times.append(time.perf_counter() - t0)
-    return min(times[1:])  # the least disturbed step: a shared machine only ever adds time
+        clock.stop(times[-1])
+    return list(zip(times, clock.steps, strict=True))[1:]
+
+
+def _step_seconds(tasks: int, backend: str, xp: Any, steps: int) -> float:
+    w = {"w": np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)}
+    # the least disturbed step: a shared machine only ever adds time
+    return min(t for t, _ in _timed_steps(chain(tasks), w, "sgd", backend, xp, steps))
 
 
 def _kernel_seconds(xp: Any, repeats: int = 200, rounds: int = 5) -> float:
@@ -98,30 +108,13 @@ def update_and_loss_seconds(backend: str = "numpy", xp: Any = np, steps: int = 2
     ``phases.py``, divided by the weights); and the fixed seconds of the step's loss (its
     ``loss`` phase: gathering the output, the loss and its gradient). Each from the least
     disturbed step."""
-    from .comm import mpi
-    from .executor import build_executor
-    from .loss import LossKind
-    from .optim import OptimizerConfig
-    from .phases import StepClock
-    from .program import single_device_views
-
-    pcg = weights_sum(WEIGHTS)
     rng = np.random.default_rng(0)
     initial = {f"w{k}": rng.standard_normal((2, 4)).astype(np.float32) for k in range(WEIGHTS)}
-    inputs = {"x": xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))}
-    target = xp.asarray(rng.standard_normal((2, 4)).astype(np.float32))
     out, loss = {}, []
     for name in ("sgd", "momentum", "adam"):
-        _, comm, _, executor = build_executor(pcg, single_device_views(pcg), None, backend, mpi().COMM_SELF, xp,
-                                              initial, OptimizerConfig.of(name, 1e-3), LossKind.MSE, {})
-        clock = executor.clock = StepClock(comm)
-        for _ in range(steps + 1):
-            t0 = time.perf_counter()
-            executor.step(inputs, target)
-            comm.sync()
-            clock.stop(time.perf_counter() - t0)
-        out[name] = min(s["optimizer"] for s in clock.steps[1:]) / WEIGHTS
-        loss.append(min(s["loss"] for s in clock.steps[1:]))
+        phases = [ph for _, ph in _timed_steps(weights_sum(WEIGHTS), initial, name, backend, xp, steps)]
+        out[name] = min(ph["optimizer"] for ph in phases) / WEIGHTS
+        loss.append(min(ph["loss"] for ph in phases))
     return out, min(loss)
 
 
