@@ -280,4 +280,7 @@ def _cases() -> list[Case]:
     return c
 
 
-CASES = _cases()
+# Cases of the operator families added later, one module each (they import the helpers above).
+from runtime import cases_array, cases_einsum, cases_index  # noqa: E402
+
+CASES = _cases() + cases_array.cases() + cases_einsum.cases() + cases_index.cases()

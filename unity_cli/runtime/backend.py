@@ -28,6 +28,8 @@ CONST_INPUTS: dict[str, frozenset[int]] = {
     "Split": frozenset({1}), "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}),
     "ReduceSum": frozenset({1}), "ReduceMean": frozenset({1}), "ReduceMax": frozenset({1}),
     "ReduceMin": frozenset({1}), "Dropout": frozenset({1, 2}),
+    "Pad": frozenset({1, 2, 3}), "Tile": frozenset({1}), "TopK": frozenset({1}), "OneHot": frozenset({1, 2}),
+    "Trilu": frozenset({1}), "CumSum": frozenset({1}), "Range": frozenset({0, 1, 2}),
 }
 """ONNX op -> positions of inputs that unity reads at import time (they become attributes)."""
 

@@ -1,4 +1,6 @@
 """Operator specifications, one module per family; importing this fills the registry."""
 from __future__ import annotations
 
-from . import conv, elementwise, gather_reduce, linear, norm, parallel, shape_ops, sources  # noqa: F401
+from . import (  # noqa: F401
+    array_ops, conv, einsum, elementwise, gather_reduce, index_ops, linear, norm, parallel, shape_ops, sources,
+)

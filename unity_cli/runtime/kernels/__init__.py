@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.opspec import spec_of
-from . import conv, elementwise, gather_reduce, linear, norm, shape  # noqa: F401  (fill KERNELS)
+from . import array_ops, conv, einsum, elementwise, gather_reduce, index_ops, linear, norm, shape  # noqa: F401  (fill KERNELS)
 from .registry import KERNELS, Array, Kernel, KernelError, is_float
 
 __all__ = ["KERNELS", "Array", "Kernel", "KernelError", "backward", "forward", "has_kernel"]
