@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 UNITY  := $(VENV)/bin/unity
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo run-demo test lint bench paper accuracy gpu-check clean
+.PHONY: setup demo run-demo test lint bench paper accuracy gpu-check hf-corpus hf-bench clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,16 @@ paper: setup
 # Cost-model accuracy: plan small models for 2 CPU ranks, train each plan with MPI -> benchmarks/results/accuracy.*
 accuracy: setup
 	$(PY) benchmarks/accuracy.py
+
+# Re-export the Hugging Face corpus of tests/models/hf/ (torch 2.13.0 is a CPU build on local disk here).
+hf-corpus: setup
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[export]'
+	$(PY) tests/models/export_hf.py
+
+# The README's table of the models people train today: what each needs, and the plan it gets.
+hf-bench: setup
+	$(PY) benchmarks/hf_models.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info plan.json gpu-check

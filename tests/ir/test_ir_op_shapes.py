@@ -401,6 +401,37 @@ _add("Transpose-perm", Case("Transpose", [In((2, 3, 4))], {"perm": [1, 2, 0]}))
 _add("Transpose-perm-4d", Case("Transpose", [In((2, 3, 4, 5))], {"perm": [0, 2, 1, 3]}))
 _add("Transpose-1d", Case("Transpose", [In((5,))]))
 
+# Ops that exporters emit in attention, MoE routers and windowed vision models.
+_add("IsNaN-3d", Case("IsNaN", [F3]))
+_add("IsInf-positive-only", Case("IsInf", [F3], {"detect_negative": 0}))
+_add("Pad-constant-input", Case("Pad", [In((2, 3, 4)), _i64(0, 1, 0, 0, 2, 3)]))
+_add("Pad-reflect-axes", Case("Pad", [In((2, 5, 6)), _i64(1, 2, 2, 1), "", _i64(-2, -1)], {"mode": "reflect"}, opset=18))
+_add("Pad-edge-crop", Case("Pad", [In((2, 5, 6)), _i64(0, -1, 2, 0, 1, 0)], {"mode": "edge"}))
+_add("Pad-opset2-attr", Case("Pad", [In((3, 4))], {"pads": [1, 0, 0, 2], "value": 1.5}, opset=2))
+_add("Tile-2d", Case("Tile", [In((2, 3)), _i64(3, 2)]))
+_add("Tile-int64", Case("Tile", [In((2, 1, 3), np.int64), _i64(1, 4, 1)]))
+_add("Trilu-upper-k", Case("Trilu", [In((2, 4, 5)), np.array(1, np.int64)], opset=14))
+_add("Trilu-lower", Case("Trilu", [In((3, 6))], {"upper": 0}, opset=14))
+_add("CumSum-exclusive-reverse", Case("CumSum", [In((2, 5)), np.array(1, np.int64)], {"exclusive": 1, "reverse": 1}))
+_add("CumSum-int32-axis0", Case("CumSum", [In((4, 3), np.int32, 0, 9), np.array([0], np.int64)]))
+_add("TopK-largest", Case("TopK", [In((3, 8)), _i64(3)], n_outputs=2))
+_add("TopK-smallest-axis0", Case("TopK", [In((6, 4)), _i64(2)], {"axis": 0, "largest": 0}, n_outputs=2))
+_add("TopK-opset1-attr", Case("TopK", [In((2, 7))], {"k": 2}, opset=1, n_outputs=2))
+_add("OneHot-default-axis", Case("OneHot", [In((2, 3), np.int64, 0, 5), np.array(5, np.int64),
+                                            np.array([0.0, 1.0], np.float32)]))
+_add("OneHot-axis0", Case("OneHot", [In((4,), np.int64, -3, 3), np.array([3], np.int64),
+                                     np.array([2, 7], np.int64)], {"axis": 0}))
+_add("GatherElements-axis1", Case("GatherElements", [In((3, 4)), In((3, 2), np.int64, 0, 4)], {"axis": 1}))
+_add("ScatterElements-add", Case("ScatterElements", [In((4, 3)), In((2, 3), np.int64, 0, 4), In((2, 3))],
+                                 {"axis": 0, "reduction": "add"}, opset=18))
+_add("Einsum-batch-matmul", Case("Einsum", [In((2, 3, 4)), In((2, 4, 5))], {"equation": "bij,bjk->bik"}))
+_add("Einsum-implicit", Case("Einsum", [In((3, 4)), In((4, 5))], {"equation": "ij,jk"}))
+_add("Einsum-ellipsis-sum", Case("Einsum", [In((2, 3, 4))], {"equation": "...ij->...i"}))
+_add("Hardmax-opset13", Case("Hardmax", [In((2, 3, 4))], {"axis": 1}, opset=13))
+_add("Hardmax-opset11-flatten", Case("Hardmax", [In((2, 3, 4))], {"axis": 1}, opset=11))
+_add("Softmax-opset11-inner-axis", Case("Softmax", [In((2, 3, 4))], {"axis": 0}, opset=11))
+_add("LogSoftmax-opset9-axis1", Case("LogSoftmax", [In((2, 5, 1, 1))], opset=9))
+
 
 # ---------------------------------------------------------------------------
 
@@ -429,7 +460,7 @@ def test_every_imported_onnx_op_has_a_case():
 
 REJECTED = {
     "Flatten-axis-out-of-range": (Case("Flatten", [In((2, 3, 4))], {"axis": -4}), "axis -4"),
-    "Softmax-opset11-inner-axis": (Case("Softmax", [In((2, 3, 4))], {"axis": 0}, opset=11), "opset 11"),
+    "TopK-runtime-k": (Case("TopK", [In((2, 5)), In((1,), np.int64, 1, 3)], n_outputs=2), "computed at run time"),
     "Reshape-two-minus1": (Case("Reshape", [In((2, 3, 4)), _i64(-1, -1)]), "more than one -1"),
     "Reshape-runtime-shape": (Case("Reshape", [In((2, 3, 4)), In((2,), np.int64)]), "computed at run time"),
 }

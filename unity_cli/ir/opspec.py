@@ -82,6 +82,10 @@ class OpSpec:
     is_source: ClassVar[bool] = False
     state_inputs: ClassVar[tuple[int, ...]] = ()
     """Inputs that are running statistics, never trained (BatchNormalization's mean and var)."""
+    weight_inputs: ClassVar[tuple[int, ...]] = ()
+    """Inputs that are the op's parameters when they are constants (a Conv's kernel and bias):
+    a tensor computed at import from constants (``ConstantOfShape``, ``Expand``, ``Cast``)
+    and read here is a trainable weight; read anywhere else it is a constant."""
 
     def from_onnx(self, node: Any) -> Imported:
         """Attributes from an ONNX node (see ``onnx_import.convert.OnnxNode``)."""
@@ -162,7 +166,9 @@ def attrs_from_json(data: Mapping[str, Any]) -> Any:
     """Inverse of :func:`attrs_to_json` (raises KeyError/TypeError/ValueError on bad data)."""
     spec = spec_by_kind(data["kind"])
     hints = typing.get_type_hints(spec.attrs_type)
-    kwargs = {f.name: _typed(data[f.name], hints[f.name]) for f in dataclasses.fields(spec.attrs_type)}
+    # A field added later (with a default) may be absent from an older plan: it takes its default.
+    kwargs = {f.name: _typed(data[f.name], hints[f.name]) for f in dataclasses.fields(spec.attrs_type)
+              if f.name in data or f.default is dataclasses.MISSING}
     return spec.attrs_type(**kwargs)
 
 

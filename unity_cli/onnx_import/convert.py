@@ -7,6 +7,7 @@ reference evaluator and folded away. Every node left must have a specification.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -31,6 +32,12 @@ FOLD_LIMIT = 1 << 24               # elements: larger computed constants stay in
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
 ALIASES = {"Identity"}
+# Ops that make a tensor from constants without reading many values: a fill, a broadcast, a
+# cast. Their outputs are kept as broadcast views however large, and where an op reads one
+# as its parameter (``OpSpec.weight_inputs``) it is a trainable weight with that value.
+MAKERS = {"ConstantOfShape", "Expand", "Cast"}
+# Ops whose output shape depends on the values of their inputs: planned only when folded.
+DATA_DEPENDENT = {"NonZero", "Unique", "Compress", "Range", "StringSplit"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class ImportedModel:
     batch_size: int
     batch_defaulted: bool
     folded: int
+    weight_values: dict[str, np.ndarray] = field(default_factory=dict)
+    """Trainable weights made at import by ``MAKERS`` (a light model's ConstantOfShape
+    kernels): their initial values, possibly read-only broadcast views."""
 
 
 def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions()) -> ImportedModel:
@@ -100,7 +110,11 @@ class _Importer:
         self.values: dict[str, np.ndarray] = {}
         self.refs: dict[str, TensorRef] = {}
         self.initializers = {t.name: t for t in model.graph.initializer}
-        self.from_constant_of_shape: set[str] = set()
+        # Tensors made by MAKERS from constants and read as some op's parameter: candidate
+        # weights, withheld from folding like trainable initializers.
+        self.made: dict[str, np.ndarray] = {}
+        self.weight_values: dict[str, np.ndarray] = {}
+        self.weight_uses = _weight_uses(model.graph)
         # Constants whose values are unknown (external data left out) and what is computed
         # from them alone: shapes are known, values are not.
         self.opaque: set[str] = set()
@@ -166,28 +180,34 @@ class _Importer:
         """The PCG tensor for an ONNX tensor name, creating weight/constant nodes lazily."""
         if name in self.refs:
             return self.refs[name]
-        if name not in self.values and name not in self.initializers and name not in self.opaque:
+        if name not in self.values and name not in self.initializers and name not in self.opaque \
+                and name not in self.made:
             raise ModelError(f"tensor {name!r} is used before it is produced")
         shape = self.shapes[name]
-        value = self.values.get(name)
+        value = self.values.get(name, self.made.get(name))
         trainable = not frozen and self._trainable(name, shape, value)
         ref = self.builder.add(WeightAttrs(shape, trainable), (), name)[0]
         if trainable:
             self.weights.append(name)
+            if name in self.made:
+                self.weight_values[name] = self.made[name]
         elif value is not None:
             self.constants[name] = value
         self.refs[name] = ref
         return ref
 
     def _trainable(self, name: str, shape: TensorShape, value: np.ndarray | None) -> bool:
-        """Trainable weights: float initializers (or ConstantOfShape outputs) of more than one
-        element whose values, when known, are finite and not mask-like (|v| >= 1e30)."""
+        """Trainable weights: float initializers (or tensors made from constants and read as a
+        parameter, see ``MAKERS``) of more than one element whose values, when known, are
+        finite and not mask-like (|v| >= 1e30)."""
         if not shape.dtype.is_float or shape.numel <= 1:
             return False
-        if name not in self.initializers and name not in self.from_constant_of_shape:
+        if name not in self.initializers and name not in self.made:
             return False
-        if value is not None and value.size and (not np.all(np.isfinite(value)) or np.abs(value).max() >= 1e30):
-            return False
+        if value is not None and value.size:
+            small = _compact(value)
+            if not np.all(np.isfinite(small)) or np.abs(small).max() >= 1e30:
+                return False
         return True
 
     # -- the pass ----------------------------------------------------------------
@@ -214,14 +234,15 @@ class _Importer:
                 raise type(e)(f"node {node.name or '<unnamed>'!r} ({node.op_type}): {e}") from None
         outputs = []
         for o in self.model.graph.output:
-            if o.name not in self.refs and o.name not in self.values and o.name not in self.initializers:
+            if o.name not in self.refs and o.name not in self.values and o.name not in self.initializers \
+                    and o.name not in self.made:
                 raise ModelError(f"graph output {o.name!r} is never produced")
             outputs.append(self._ref(o.name))
         pcg = self.builder.build(outputs)
         sha256 = self.sha256 or file_sha256(self.path)
         return ImportedModel(pcg, str(self.path), sha256, inputs,
                              [o.name for o in self.model.graph.output], self.constants, self.weights,
-                             batch, defaulted, self.folded)
+                             batch, defaulted, self.folded, self.weight_values)
 
     def _node(self, node: onnx.NodeProto) -> None:
         if node.domain not in ("", "ai.onnx"):
@@ -241,6 +262,10 @@ class _Importer:
         spec = spec_for_onnx(node.op_type)
         if spec is None and self._fold_shape_only(node):
             return
+        if spec is None and node.op_type in DATA_DEPENDENT:
+            raise UnsupportedOpError(f"{node.op_type}'s output shape depends on the values of its input, which "
+                                     "are computed at run time; unity plans static shapes (it folds such an op "
+                                     "only when its inputs are constants)")
         if spec is None:
             raise UnsupportedOpError(f"no specification for op {node.op_type} "
                                      "(it is not foldable: its inputs are not all known at import)")
@@ -263,7 +288,7 @@ class _Importer:
             self.values[dst] = self.values[src]
         if src in self.refs:
             self.refs[dst] = self.refs[src]
-        elif src in self.initializers:
+        elif src in self.initializers or src in self.made:
             self.refs[dst] = self._ref(src)
 
     def _fold(self, node: onnx.NodeProto, onode: OnnxNode) -> bool:
@@ -273,7 +298,9 @@ class _Importer:
             if op in ("If", "Loop", "Scan"):
                 raise UnsupportedOpError(f"control flow ({op}) is not supported")
             return False
-        if op == "Shape":
+        if op in MAKERS and all(not i.name or i.value is not None or i.name in self.made for i in onode.inputs):
+            result = self._make(node, onode)
+        elif op == "Shape":
             shape = self.shapes[node.input[0]].dims
             start = onode.attrs.get("start", 0)
             end = onode.attrs.get("end", len(shape))
@@ -292,12 +319,42 @@ class _Importer:
             if not name:
                 continue
             v = np.asarray(v)
-            self.values[name] = v
             self.shapes[name] = TensorShape(tuple(v.shape), DType.from_numpy(v.dtype))
-            if op == "ConstantOfShape":
-                self.from_constant_of_shape.add(name)
+            if op in MAKERS and name in self.weight_uses and v.dtype.kind == "f" and v.size > 1:
+                self.made[name] = v
+            else:
+                self.values[name] = v
         self.folded += 1
         return True
+
+    def _make(self, node: onnx.NodeProto, onode: OnnxNode) -> list[np.ndarray]:
+        """The output of a ``MAKERS`` op on known inputs, as a broadcast view of a compact
+        value: a light model's 100M-element ConstantOfShape kernel takes no memory here."""
+        ins = [None if not i.name else i.value if i.value is not None else self.made[i.name] for i in onode.inputs]
+        match node.op_type:
+            case "ConstantOfShape":
+                fill = onode.attrs.get("value")
+                v = onnx.numpy_helper.to_array(fill).reshape(-1)[:1] if fill is not None else np.zeros(1, np.float32)
+                dims = tuple(int(d) for d in np.asarray(ins[0]).reshape(-1))
+                if any(d < 0 for d in dims):
+                    raise ModelError(f"ConstantOfShape: negative dims {list(dims)}")
+                return [np.broadcast_to(v.reshape(()), dims)]
+            case "Expand":
+                x, dims = ins[0], tuple(int(d) for d in np.asarray(ins[1]).reshape(-1))
+                try:
+                    out = np.broadcast_shapes(x.shape, dims)
+                except ValueError:
+                    raise ModelError(f"Expand: shape {list(x.shape)} does not broadcast to {list(dims)}") from None
+                return [np.broadcast_to(_compact(x), out)]
+            case "Cast":
+                x = ins[0]
+                small = _compact(x)
+                casted = self._evaluate(node, dataclasses.replace(onode, inputs=[
+                    dataclasses.replace(onode.inputs[0], value=small.copy())]))
+                if casted is None:
+                    raise ModelError("Cast: cannot evaluate this constant node")
+                return [np.broadcast_to(np.asarray(casted[0]), x.shape)]
+        raise AssertionError(node.op_type)
 
     def _fold_shape_only(self, node: onnx.NodeProto) -> bool:
         """A node computed from constants alone is a constant even where some of their values
@@ -361,6 +418,33 @@ class _Importer:
         for o in node.output:
             full.append(next(it) if o else None)
         return full
+
+
+def _compact(v: np.ndarray) -> np.ndarray:
+    """The smallest array that broadcasts to ``v``: its size-1 slice along every dim where
+    it is a broadcast (stride 0), so a view of a 10⁸-element fill is one element."""
+    v = np.asarray(v)
+    return v[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for st, n in zip(v.strides, v.shape))]
+
+
+def _weight_uses(graph: onnx.GraphProto) -> set[str]:
+    """Names of the tensors some node reads as its parameter (``OpSpec.weight_inputs``),
+    through Identity nodes."""
+    uses = set()
+    for n in graph.node:
+        spec = spec_for_onnx(n.op_type)
+        for i in spec.weight_inputs if spec is not None and n.domain in ("", "ai.onnx") else ():
+            if i < len(n.input) and n.input[i]:
+                uses.add(n.input[i])
+    aliases = [(n.output[0], n.input[0]) for n in graph.node if n.op_type in ALIASES and n.input and n.output]
+    grew = True
+    while grew:
+        grew = False
+        for dst, src in aliases:
+            if dst in uses and src not in uses:
+                uses.add(src)
+                grew = True
+    return uses
 
 
 def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -28,7 +28,7 @@ CONST_INPUTS: dict[str, frozenset[int]] = {
     "Split": frozenset({1}), "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}),
     "ReduceSum": frozenset({1}), "ReduceMean": frozenset({1}), "ReduceMax": frozenset({1}),
     "ReduceMin": frozenset({1}), "Dropout": frozenset({1, 2}),
-    "Pad": frozenset({1, 2, 3}), "Tile": frozenset({1}), "TopK": frozenset({1}), "OneHot": frozenset({1, 2}),
+    "Pad": frozenset({1, 2, 3}), "Tile": frozenset({1}), "TopK": frozenset({1}), "OneHot": frozenset({1}),
     "Trilu": frozenset({1}), "CumSum": frozenset({1}), "Range": frozenset({0, 1, 2}),
 }
 """ONNX op -> positions of inputs that unity reads at import time (they become attributes)."""
@@ -142,6 +142,8 @@ class UnityBackendRep(BackendRep):
             if n.kind == "Weight" and n.name not in sources:
                 if n.name in program.constants:
                     sources[n.name] = program.constants[n.name]
+                elif n.name in program.weight_values:
+                    sources[n.name] = program.weight_values[n.name]
                 elif n.name in self.weights:
                     sources[n.name] = numpy_helper.to_array(self.weights[n.name])
         outs = run_pcg(program.pcg, sources, self.xp)

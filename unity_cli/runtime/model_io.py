@@ -47,12 +47,11 @@ class WeightValues:
 
 def weight_values(path: Path, imported: ImportedModel, graphs: list[PCG], seed: int) -> WeightValues:
     """Values of every Weight source of ``graphs``: constants folded at import, initializers
-    (with their external data when it is there), ConstantOfShape fills; a weight whose data
-    is missing starts random (normal, std 0.02; seeded), a constant zeros (BatchNorm
-    variances ones)."""
+    (with their external data when it is there), weights the importer made from constants
+    (a light model's ConstantOfShape kernels); a weight whose data is missing starts random
+    (normal, std 0.02; seeded), a constant zeros (BatchNorm variances ones)."""
     model = load_onnx(path)
     inits = {t.name: t for t in model.graph.initializer}
-    fills = {o: n for n in model.graph.node if n.op_type == "ConstantOfShape" for o in n.output}
     variances = {n.inputs[4].node for g in graphs for _, n in g if n.kind == "BatchNormalization"}
     var_names = {g.nodes[i].name for g in graphs for i in variances if i < len(g.nodes)}
     rng = np.random.default_rng([seed, 1])
@@ -68,27 +67,22 @@ def weight_values(path: Path, imported: ImportedModel, graphs: list[PCG], seed: 
         op = seen[name]
         dims, dtype = op.shape.dims, op.shape.dtype.numpy
         value = imported.constants.get(name)
+        if value is None:
+            value = imported.weight_values.get(name)
         if value is None and name in inits:
             value = tensor_value(inits[name], path.parent, path)
-        if value is None and name in fills:
-            value = _fill(fills[name], dims)
         if value is None:
             missing.append(name)
             if op.trainable:
                 value = rng.normal(0.0, 0.02, size=dims)
             else:
                 value = np.ones(dims) if name in var_names else np.zeros(dims)
-        value = np.asarray(value).astype(dtype, copy=False)
+        # Trained weights are updated in place: a broadcast view of a fill becomes an array.
+        value = np.array(value, dtype=dtype) if op.trainable else np.asarray(value).astype(dtype, copy=False)
         if value.shape != dims:
             raise ModelError(f"{path}: weight {name!r} holds {list(value.shape)}, the graph wants {list(dims)}")
         (trainable if op.trainable else constants)[name] = value
     return WeightValues(trainable, constants, tuple(missing))
-
-
-def _fill(node: onnx.NodeProto, dims: tuple[int, ...]) -> np.ndarray:
-    value = next((a.t for a in node.attribute if a.name == "value"), None)
-    v = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
-    return np.full(dims, v)
 
 
 def save_trained(path: Path, out: str | os.PathLike, weights: dict[str, np.ndarray]) -> int:

@@ -95,6 +95,7 @@ class Conv(OpSpec):
     kind = "Conv"
     attrs_type = ConvAttrs
     onnx_ops = ("Conv",)
+    weight_inputs = (1, 2)
 
     def from_onnx(self, node) -> Imported:
         x, w = node.inputs[0].shape, node.inputs[1].shape

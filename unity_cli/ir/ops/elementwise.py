@@ -44,7 +44,8 @@ class WhereAttrs:
 # Rough flops per element for the transcendental ones (a cost-model input, not semantics).
 UNARY_FLOPS = {"Relu": 1, "Erf": 20, "Tanh": 20, "Sigmoid": 8, "Sqrt": 4, "Exp": 8, "Log": 8,
                "Neg": 1, "Abs": 1, "Reciprocal": 4, "Dropout": 2, "Identity": 0, "Softplus": 12,
-               "Gelu": 24, "GeluTanh": 20, "Floor": 1, "Ceil": 1, "Sin": 20, "Cos": 20, "Not": 1, "Sign": 1}
+               "Gelu": 24, "GeluTanh": 20, "Floor": 1, "Ceil": 1, "Sin": 20, "Cos": 20, "Not": 1, "Sign": 1,
+               "IsNaN": 1, "IsInf": 1, "IsPosInf": 1, "IsNegInf": 1, "IsInfNeither": 0}
 LINEAR_UNARY = {"Neg", "Identity", "Dropout"}
 BINARY_TERMS = {"Add": "sum", "Sub": "sum", "Sum": "sum", "Mul": "product", "Div": "numerator",
                 "Pow": "none", "Max": "none", "Min": "none", "Equal": "none", "Less": "none",
@@ -52,12 +53,21 @@ BINARY_TERMS = {"Add": "sum", "Sub": "sum", "Sum": "sum", "Mul": "product", "Div
                 "LessOrEqual": "none", "GreaterOrEqual": "none"}
 # Unary/Binary fns that are an ONNX op with a given attribute, not an op of their own.
 FROM_ATTRIBUTE = {"GeluTanh": ("Gelu", "approximate", "tanh"), "Fmod": ("Mod", "fmod", 1)}
+# IsInf's two flags (detect_positive, detect_negative; both default 1) select one of four fns.
+IS_INF = {(1, 1): "IsInf", (1, 0): "IsPosInf", (0, 1): "IsNegInf", (0, 0): "IsInfNeither"}
+ATTRIBUTE_VARIANTS = frozenset(FROM_ATTRIBUTE) | (frozenset(IS_INF.values()) - {"IsInf"})
+"""Fns that are an ONNX op with a given attribute, not an ONNX op of their own."""
 COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"}
+BOOL_UNARY = {"Not", "IsNaN"} | set(IS_INF.values())
+"""Unary fns with a boolean output."""
 
 
 def _fn(node) -> str:
     """The fn an ONNX node computes: its op type, or a variant its attribute selects
-    (``Gelu(approximate="tanh")`` is ``GeluTanh``, ``Mod(fmod=1)`` is ``Fmod``)."""
+    (``Gelu(approximate="tanh")`` is ``GeluTanh``, ``Mod(fmod=1)`` is ``Fmod``,
+    ``IsInf(detect_negative=0)`` is ``IsPosInf``)."""
+    if node.op_type == "IsInf":
+        return IS_INF[(int(node.attrs.get("detect_positive", 1) != 0), int(node.attrs.get("detect_negative", 1) != 0))]
     for fn, (op, attr, value) in FROM_ATTRIBUTE.items():
         if node.op_type == op and node.attrs.get(attr) == value:
             return fn
@@ -68,7 +78,7 @@ def _fn(node) -> str:
 class Unary(OpSpec):
     kind = "Unary"
     attrs_type = UnaryAttrs
-    onnx_ops = tuple(sorted(set(UNARY_FLOPS) - set(FROM_ATTRIBUTE)))
+    onnx_ops = tuple(sorted(set(UNARY_FLOPS) - ATTRIBUTE_VARIANTS))
 
     def from_onnx(self, node) -> Imported:
         # Dropout at export is inference-mode (identity); its ratio/training inputs are dropped.
@@ -76,7 +86,9 @@ class Unary(OpSpec):
 
     def infer(self, attrs, inputs):
         need_inputs(attrs.fn, inputs, 1)
-        dtype = DType.BOOL if attrs.fn == "Not" else inputs[0].dtype
+        if attrs.fn in BOOL_UNARY - {"Not"} and not inputs[0].dtype.is_float:
+            raise ShapeError(f"{attrs.fn} takes a floating-point input, got {inputs[0].dtype.value}")
+        dtype = DType.BOOL if attrs.fn in BOOL_UNARY else inputs[0].dtype
         return (TensorShape(inputs[0].dims, dtype),)
 
     def roles(self, attrs, inputs):

@@ -35,6 +35,7 @@ class Gather(OpSpec):
     kind = "Gather"
     attrs_type = GatherAttrs
     onnx_ops = ("Gather",)
+    weight_inputs = (0,)
 
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank

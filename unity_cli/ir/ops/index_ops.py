@@ -1,2 +1,267 @@
-"""(being written)"""
+"""Index-driven ops: TopK, OneHot, GatherElements and ScatterElements.
+
+Each reads or writes positions along one axis that its data decide, so that axis stays
+whole; every other dim is independent (an element of the output depends only on the
+inputs at the same coordinate there) and may be split, provided all the inputs that
+share it have the same size along it (GatherElements' and ScatterElements' indices may
+be smaller than their data: then the dim's shards would not line up).
+"""
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...errors import ModelError, ShapeError
+from ..dtypes import DType
+from ..opspec import WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..shapes import TensorShape
+from .common import need_inputs, norm_axis
+
+INDEX_DTYPES = (DType.INT64, DType.INT32)
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+@dataclass(frozen=True, slots=True)
+class TopKAttrs:
+    """The ``k`` largest (or smallest) entries along ``axis``, values then int64 indices."""
+
+    k: int
+    axis: int
+    largest: bool = True
+    sorted: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class OneHotAttrs:
+    """Output ``on`` where the new ``axis`` (of the output, non-negative) equals the index, else ``off``."""
+
+    depth: int
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class GatherElementsAttrs:
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterElementsAttrs:
+    axis: int
+    reduction: str = "none"        # one of SCATTER_REDUCTIONS
+
+
+def _index_dtype(kind: str, what: str, shape: TensorShape) -> None:
+    if shape.dtype not in INDEX_DTYPES:
+        raise ShapeError(f"{kind} {what} must be int32 or int64, got {shape.dtype.value}")
+
+
+def _elementwise_roles(axis: int, shapes: Sequence[TensorShape]) -> tuple[tuple[Role, ...], ...]:
+    """The axis whole; dim ``d`` maps to output dim ``d`` where all ``shapes`` agree in size."""
+    rank = shapes[0].rank
+    same = [d != axis and len({s.dims[d] for s in shapes}) == 1 for d in range(rank)]
+    row = tuple(d if same[d] else WHOLE for d in range(rank))
+    return (row,) * len(shapes)
+
+
+def _check_elements(kind: str, axis: int, data: TensorShape, idx: TensorShape) -> None:
+    """``indices`` has ``data``'s rank and fits inside it off the axis (GatherElements, ScatterElements)."""
+    _index_dtype(kind, "indices", idx)
+    if idx.rank != data.rank:
+        raise ShapeError(f"{kind}: indices {list(idx.dims)} and data {list(data.dims)} differ in rank")
+    if not 0 <= axis < max(data.rank, 1):
+        raise ShapeError(f"{kind}: axis {axis} is out of range for rank {data.rank}")
+    if any(i > n for d, (i, n) in enumerate(zip(idx.dims, data.dims, strict=True)) if d != axis):
+        raise ShapeError(f"{kind}: indices {list(idx.dims)} are larger than data {list(data.dims)} "
+                         f"off axis {axis}")
+
+
+@register
+class TopK(OpSpec):
+    """``TopK``: Mixture-of-Experts routers pick their experts with it (a small ``k``).
+
+    Ties go to the lower index first, as ONNX says. ``sorted=0`` allows any order; the
+    kernel returns sorted order anyway. The gradient of the values goes back to the
+    positions the indices name; the indices are not differentiable.
+    """
+
+    kind = "TopK"
+    attrs_type = TopKAttrs
+    onnx_ops = ("TopK",)
+
+    def from_onnx(self, node) -> Imported:
+        a = node.attrs
+        rank = node.inputs[0].shape.rank
+        if node.opset >= 10:
+            kv = node.const_input(1, "K").reshape(-1)
+            if kv.size != 1:
+                raise ModelError(f"input 1 (K) must hold one value, got {kv.size}")
+            k = int(kv[0])
+        elif "k" in a:
+            k = int(a["k"])
+        else:
+            raise ModelError("attribute k is required (opset < 10)")
+        axis = norm_axis("TopK", int(a.get("axis", -1)), rank)
+        return Imported(TopKAttrs(k, axis, bool(a.get("largest", 1)), bool(a.get("sorted", 1))), (0,))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        x = inputs[0]
+        if not 0 <= attrs.axis < x.rank:
+            raise ShapeError(f"TopK: axis {attrs.axis} is out of range for rank {x.rank}")
+        n = x.dims[attrs.axis]
+        if not 0 <= attrs.k <= n:
+            raise ShapeError(f"TopK: k={attrs.k} is not in [0, {n}] (dim {attrs.axis} of {list(x.dims)})")
+        dims = x.dims[:attrs.axis] + (attrs.k,) + x.dims[attrs.axis + 1:]
+        return (TensorShape(dims, x.dtype), TensorShape(dims, DType.INT64))
+
+    def roles(self, attrs, inputs):
+        return (tuple(WHOLE if d == attrs.axis else d for d in range(inputs[0].rank)),)
+
+    def cost(self, attrs, inputs, outputs):
+        x = inputs[0]
+        # A selection keeps a k-entry heap per row: about n log2(k) comparisons.
+        flops = float(x.numel) * max(math.log2(max(attrs.k, 1)), 1.0)
+        moved = float(x.nbytes + sum(o.nbytes for o in outputs))
+        # Backward scatters the values' gradient into a zeroed input gradient.
+        back = float(x.nbytes + outputs[0].nbytes + outputs[1].nbytes)
+        return OpCost(flops, moved, float(outputs[0].numel), back)
+
+
+@register
+class OneHot(OpSpec):
+    """``OneHot``: depth is read at import; ``values = [off, on]`` stays a tensor input.
+
+    The importer makes a float ``[off, on]`` initializer a trainable weight, so values
+    is an input like any other: the output is linear in it, and its gradient is the
+    output gradient summed where the output is off and where it is on. The indices are
+    not differentiable. A negative index counts from the end (index + depth); one
+    outside ``[-depth, depth)`` gives a row that is all ``off``; float indices are
+    truncated. The new axis belongs to no input, so it stays whole.
+    """
+
+    kind = "OneHot"
+    attrs_type = OneHotAttrs
+    onnx_ops = ("OneHot",)
+
+    def from_onnx(self, node) -> Imported:
+        rank = node.inputs[0].shape.rank
+        dv = node.const_input(1, "depth").reshape(-1)
+        if dv.size != 1:
+            raise ModelError(f"input 1 (depth) must hold one value, got {dv.size}")
+        depth = int(dv[0])
+        if depth < 1:
+            raise ModelError(f"depth must be at least 1, got {depth}")
+        axis = norm_axis("OneHot", int(node.attrs.get("axis", -1)), rank + 1)
+        return Imported(OneHotAttrs(depth, axis), (0, 2))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 2)
+        idx, values = inputs
+        if not 0 <= attrs.axis <= idx.rank:
+            raise ShapeError(f"OneHot: axis {attrs.axis} is out of range for an output of rank {idx.rank + 1}")
+        if idx.dtype is DType.BOOL:
+            raise ShapeError("OneHot indices must be numbers, not bool")
+        if values.numel != 2 or values.rank != 1:
+            raise ShapeError(f"OneHot values must be [off, on], got a tensor of shape {list(values.dims)}")
+        dims = idx.dims[:attrs.axis] + (attrs.depth,) + idx.dims[attrs.axis:]
+        return (TensorShape(dims, values.dtype),)
+
+    def roles(self, attrs, inputs):
+        return (tuple(d if d < attrs.axis else d + 1 for d in range(inputs[0].rank)), (WHOLE,))
+
+    def terms(self, attrs, n):
+        return ((1,),)
+
+    def cost(self, attrs, inputs, outputs):
+        moved = float(inputs[0].nbytes + outputs[0].nbytes)
+        # Backward sums the output gradient into two values.
+        return OpCost(float(outputs[0].numel), moved, 2.0 * outputs[0].numel, float(outputs[0].nbytes))
+
+
+@register
+class GatherElements(OpSpec):
+    """``GatherElements``: ``out[p] = data[p with p[axis] = indices[p]]``.
+
+    Negative indices count from the end. Linear in data (partial sums pass through);
+    backward scatter-adds the output gradient into data's (repeated indices add up).
+    """
+
+    kind = "GatherElements"
+    attrs_type = GatherElementsAttrs
+    onnx_ops = ("GatherElements",)
+
+    def from_onnx(self, node) -> Imported:
+        rank = node.inputs[0].shape.rank
+        return Imported(GatherElementsAttrs(norm_axis("GatherElements", int(node.attrs.get("axis", 0)), rank)),
+                        (0, 1))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 2)
+        data, idx = inputs
+        _check_elements(self.kind, attrs.axis, data, idx)
+        return (TensorShape(idx.dims, data.dtype),)
+
+    def roles(self, attrs, inputs):
+        return _elementwise_roles(attrs.axis, inputs)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        moved = float(inputs[1].nbytes + 2 * outputs[0].nbytes)
+        # Backward zeroes data's gradient and scatter-adds into it.
+        back = float(inputs[0].nbytes + inputs[1].nbytes + 2 * outputs[0].nbytes)
+        return OpCost(0.0, moved, float(outputs[0].numel), back)
+
+
+@register
+class ScatterElements(OpSpec):
+    """``ScatterElements``: a copy of data with ``out[p with p[axis] = indices[p]] (op)= updates[p]``.
+
+    With ``reduction="none"`` a position written twice keeps the last write (in the
+    row-major order of indices). Gradients: ``none`` gives data the gradient with the
+    written positions zeroed and each update the gradient where it landed (a write
+    overwritten later gets zero); ``add`` gives data the gradient and the updates it
+    gathered; ``mul`` gives data ``g * prod(updates there)`` and each update ``g *
+    data * prod(the other updates there)``; ``max``/``min`` send the gradient to the one
+    value that won (data on a tie with an update, else the first winning update).
+    Linear in (data, updates) for ``none``/``add``, in data for ``mul``.
+    """
+
+    kind = "ScatterElements"
+    attrs_type = ScatterElementsAttrs
+    onnx_ops = ("ScatterElements",)
+
+    def from_onnx(self, node) -> Imported:
+        rank = node.inputs[0].shape.rank
+        reduction = str(node.attrs.get("reduction", "none"))
+        if reduction not in SCATTER_REDUCTIONS:
+            raise ModelError(f"unknown reduction {reduction!r} (expected one of {', '.join(SCATTER_REDUCTIONS)})")
+        axis = norm_axis("ScatterElements", int(node.attrs.get("axis", 0)), rank)
+        return Imported(ScatterElementsAttrs(axis, reduction), (0, 1, 2))
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 3)
+        data, idx, upd = inputs
+        if attrs.reduction not in SCATTER_REDUCTIONS:
+            raise ShapeError(f"ScatterElements: unknown reduction {attrs.reduction!r}")
+        _check_elements(self.kind, attrs.axis, data, idx)
+        if upd.dims != idx.dims:
+            raise ShapeError(f"ScatterElements: updates {list(upd.dims)} and indices {list(idx.dims)} differ in shape")
+        if upd.dtype != data.dtype:
+            raise ShapeError(f"ScatterElements: updates are {upd.dtype.value} but data is {data.dtype.value}")
+        return (data,)
+
+    def roles(self, attrs, inputs):
+        return _elementwise_roles(attrs.axis, inputs)
+
+    def terms(self, attrs, n):
+        if attrs.reduction in ("none", "add"):
+            return ((0,), (2,))
+        return ((0,),) if attrs.reduction == "mul" else ()
+
+    def cost(self, attrs, inputs, outputs):
+        data, idx, upd = inputs
+        moved = float(data.nbytes + idx.nbytes + upd.nbytes + outputs[0].nbytes)
+        return OpCost(float(upd.numel), moved, float(upd.numel + data.numel), moved + upd.nbytes)

@@ -45,6 +45,7 @@ class MatMul(OpSpec):
     kind = "MatMul"
     attrs_type = MatMulAttrs
     onnx_ops = ("MatMul",)
+    weight_inputs = (1,)
 
     def from_onnx(self, node) -> Imported:
         return Imported(MatMulAttrs(), (0, 1))
@@ -94,6 +95,7 @@ class Gemm(OpSpec):
     kind = "Gemm"
     attrs_type = GemmAttrs
     onnx_ops = ("Gemm",)
+    weight_inputs = (1, 2)
 
     def from_onnx(self, node) -> Imported:
         a = node.attrs

@@ -1,4 +1,4 @@
-"""Normalizations and softmax: the normalized dims must stay whole, the rest may be split.
+"""Normalizations, softmax and hardmax: the normalized dims must stay whole, the rest may be split.
 
 BatchNormalization normalizes each channel over batch and space: with the batch split
 each piece sees only its shard, so training needs the statistics all-reduced (the
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import ModelError, ShapeError
+from ...errors import ShapeError
 from ..opspec import WHOLE, Imported, OpSpec, register
 from .common import need_inputs, norm_axis, streaming_cost
 
@@ -27,8 +27,36 @@ class LayerNormAttrs:
 
 @dataclass(frozen=True, slots=True)
 class SoftmaxAttrs:
+    """Softmax (``log``: LogSoftmax) over dim ``axis``, or with ``flatten`` over dims
+    ``[axis, rank)`` jointly: ONNX before opset 13 flattens the input to 2-D at ``axis``."""
+
     axis: int
     log: bool = False
+    flatten: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HardmaxAttrs:
+    """One-hot of the first maximum over dim ``axis`` (``flatten``: dims ``[axis, rank)``,
+    in row-major order), as for :class:`SoftmaxAttrs`."""
+
+    axis: int
+    flatten: bool = False
+
+
+def normalized_dims(attrs: SoftmaxAttrs | HardmaxAttrs, rank: int) -> tuple[int, ...]:
+    """The dims a Softmax or Hardmax normalizes over."""
+    return tuple(range(attrs.axis, rank)) if attrs.flatten else (attrs.axis,)
+
+
+def _softmax_axis(node) -> tuple[int, bool]:
+    """``(axis, flatten)`` of an ONNX Softmax, LogSoftmax or Hardmax node. Before opset 13
+    these normalize over ``[axis, rank)`` (default axis 1), since then over ``axis``
+    (default -1); over the last dim the two agree and the attrs say ``flatten=False``."""
+    rank = node.inputs[0].shape.rank
+    old = node.opset < 13
+    axis = norm_axis(node.op_type, int(node.attrs.get("axis", 1 if old else -1)), rank)
+    return axis, old and axis < rank - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +73,7 @@ class BatchNorm(OpSpec):
     attrs_type = BatchNormAttrs
     onnx_ops = ("BatchNormalization",)
     state_inputs = (3, 4)
+    weight_inputs = (1, 2)
 
     def from_onnx(self, node) -> Imported:
         a = node.attrs
@@ -72,6 +101,7 @@ class LayerNorm(OpSpec):
     kind = "LayerNormalization"
     attrs_type = LayerNormAttrs
     onnx_ops = ("LayerNormalization",)
+    weight_inputs = (1, 2)
 
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
@@ -96,30 +126,49 @@ class LayerNorm(OpSpec):
         return streaming_cost(inputs[:1], outputs, 8, bwd_factor=2.5)
 
 
+class _Normalizing(OpSpec):
+    """An op over the normalized dims of one input (see :func:`normalized_dims`), which
+    must stay whole; the other dims split freely."""
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, 1)
+        rank = inputs[0].rank
+        if not 0 <= attrs.axis < max(rank, 1):
+            raise ShapeError(f"{self.kind}: axis {attrs.axis} is out of range for rank {rank}")
+        return (inputs[0],)
+
+    def roles(self, attrs, inputs):
+        norm = normalized_dims(attrs, inputs[0].rank)
+        return (tuple(WHOLE if d in norm else d for d in range(inputs[0].rank)),)
+
+
 @register
-class Softmax(OpSpec):
+class Softmax(_Normalizing):
     kind = "Softmax"
     attrs_type = SoftmaxAttrs
     onnx_ops = ("Softmax", "LogSoftmax")
 
     def from_onnx(self, node) -> Imported:
-        rank = node.inputs[0].shape.rank
-        default = -1 if node.opset >= 13 else 1
-        axis = norm_axis(node.op_type, int(node.attrs.get("axis", default)), rank)
-        if node.opset < 13 and axis != rank - 1:
-            # Before opset 13 softmax flattened [axis:] into one dim; equal to ours only on the last axis.
-            raise ModelError(f"{node.op_type} (opset {node.opset}) over axis {axis} of a rank-{rank} tensor")
-        return Imported(SoftmaxAttrs(axis, node.op_type == "LogSoftmax"), (0,))
-
-    def infer(self, attrs, inputs):
-        need_inputs(self.kind, inputs, 1)
-        return (inputs[0],)
-
-    def roles(self, attrs, inputs):
-        return (tuple(WHOLE if d == attrs.axis else d for d in range(inputs[0].rank)),)
+        axis, flatten = _softmax_axis(node)
+        return Imported(SoftmaxAttrs(axis, node.op_type == "LogSoftmax", flatten), (0,))
 
     def cost(self, attrs, inputs, outputs):
         return streaming_cost(inputs, outputs, 10)
+
+
+@register
+class Hardmax(_Normalizing):
+    """Not differentiable: its gradient is zero wherever it exists."""
+
+    kind = "Hardmax"
+    attrs_type = HardmaxAttrs
+    onnx_ops = ("Hardmax",)
+
+    def from_onnx(self, node) -> Imported:
+        return Imported(HardmaxAttrs(*_softmax_axis(node)), (0,))
+
+    def cost(self, attrs, inputs, outputs):
+        return streaming_cost(inputs, outputs, 3, bwd_factor=0.0)
 
 
 @register

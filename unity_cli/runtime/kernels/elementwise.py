@@ -3,7 +3,8 @@
 Gradients of broadcast inputs are summed back to the input's shape. ``Max``/``Min``
 send the gradient of a tie to the first input that attains it. ``Dropout`` is the
 identity: plans train in inference semantics (as models are exported). Step functions
-(``Ceil``, ``Floor``, ``Sign``, ``Not``) have zero gradient, returned as None.
+(``Ceil``, ``Floor``, ``Sign``, ``Not``) and the tests ``IsNaN``/``IsInf`` have zero gradient,
+returned as None.
 """
 from __future__ import annotations
 
@@ -115,6 +116,11 @@ _FWD: dict[str, Callable[[Array, Any], Array]] = {
     "Floor": lambda x, xp: xp.floor(x),
     "Sign": lambda x, xp: xp.sign(x),
     "Not": lambda x, xp: xp.logical_not(x),
+    "IsNaN": lambda x, xp: xp.isnan(x),
+    "IsInf": lambda x, xp: xp.isinf(x),
+    "IsPosInf": lambda x, xp: x == xp.inf,
+    "IsNegInf": lambda x, xp: x == -xp.inf,
+    "IsInfNeither": lambda x, xp: xp.zeros(x.shape, dtype=bool),
 }
 
 # d(fn)/dx times the upstream gradient g, from x and the output y.

@@ -1,29 +1,40 @@
-"""Normalization kernels: Softmax / LogSoftmax, LayerNormalization, BatchNormalization, LRN.
+"""Normalization kernels: Softmax / LogSoftmax, Hardmax, LayerNormalization, BatchNormalization, LRN.
 
 BatchNormalization is the inference form ``(x - mean) / sqrt(var + eps) * scale + bias``
 with the running statistics given as inputs 3 and 4: training runs it with frozen
 statistics, as an eval-mode export does. Gradients reach x, scale and bias; the
-statistics get None.
+statistics get None. Hardmax has no backward: its gradient is zero wherever it exists.
 """
 from __future__ import annotations
 
-from .registry import register, unbroadcast
+from ...ir.ops.norm import normalized_dims
+from .registry import first_extremum, register, unbroadcast
 
 
 def softmax_forward(op, xs, xp):
+    """Softmax / LogSoftmax over the normalized dims (one axis, or ``[axis, rank)``)."""
     x = xs[0]
-    shifted = x - x.max(axis=op.axis, keepdims=True)
+    axes = normalized_dims(op, x.ndim)
+    shifted = x - x.max(axis=axes, keepdims=True)
     e = xp.exp(shifted)
-    total = e.sum(axis=op.axis, keepdims=True)
+    total = e.sum(axis=axes, keepdims=True)
     y = shifted - xp.log(total) if op.log else e / total
     return [y], y
 
 
 def softmax_backward(op, ctx, gs, xp):
     y, g = ctx, gs[0]
+    axes = normalized_dims(op, y.ndim)
     if op.log:
-        return [g - xp.exp(y) * g.sum(axis=op.axis, keepdims=True)]
-    return [y * (g - (g * y).sum(axis=op.axis, keepdims=True))]
+        return [g - xp.exp(y) * g.sum(axis=axes, keepdims=True)]
+    return [y * (g - (g * y).sum(axis=axes, keepdims=True))]
+
+
+def hardmax_forward(op, xs, xp):
+    """1 at the first maximum of each slice over the normalized dims (row-major), else 0."""
+    x = xs[0]
+    axes = normalized_dims(op, x.ndim)
+    return [first_extremum(x, x.max(axis=axes, keepdims=True), axes, xp).astype(x.dtype)], None
 
 
 def layernorm_forward(op, xs, xp):
@@ -114,6 +125,7 @@ def lrn_backward(op, ctx, gs, xp):
 
 
 register("Softmax", softmax_forward, softmax_backward)
+register("Hardmax", hardmax_forward)
 register("LayerNormalization", layernorm_forward, layernorm_backward)
 register("BatchNormalization", batchnorm_forward, batchnorm_backward)
 register("LRN", lrn_forward, lrn_backward)
