@@ -58,7 +58,8 @@ def _needs(model: onnx.ModelProto) -> str:
                  list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
         for n in model.graph.node:
             axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
-            if n.op_type in ("Softmax", "LogSoftmax") and ranks.get(n.input[0], 0) > axis % max(ranks.get(n.input[0], 1), 1) + 1:
+            rank = ranks.get(n.input[0], 0)
+            if n.op_type in ("Softmax", "LogSoftmax") and rank > axis % max(rank, 1) + 1:
                 ops.append(f"{n.op_type} over dims {axis}.. (opset {opset})")
                 break
     fills = {o for n in model.graph.node if n.op_type == "ConstantOfShape" for o in n.output}

@@ -85,7 +85,8 @@ def test_data_dependent_shapes_are_refused_naming_the_node(tmp_path, op):
 
 def test_nonzero_of_a_constant_folds(tmp_path):
     c = numpy_helper.from_array(np.array([0, 3, 0, 5], np.int64), "c")
-    nodes = [helper.make_node("NonZero", ["c"], ["nz"]), helper.make_node("Cast", ["nz"], ["nzf"], to=TensorProto.FLOAT),
+    nodes = [helper.make_node("NonZero", ["c"], ["nz"]),
+             helper.make_node("Cast", ["nz"], ["nzf"], to=TensorProto.FLOAT),
              helper.make_node("Add", ["x", "nzf"], ["y"])]
     path = _save(tmp_path, nodes, [c], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])

@@ -2,5 +2,15 @@
 from __future__ import annotations
 
 from . import (  # noqa: F401
-    array_ops, conv, einsum, elementwise, gather_reduce, index_ops, linear, norm, parallel, shape_ops, sources,
+    array_ops,
+    conv,
+    einsum,
+    elementwise,
+    gather_reduce,
+    index_ops,
+    linear,
+    norm,
+    parallel,
+    shape_ops,
+    sources,
 )
