@@ -276,8 +276,8 @@ def test_optimize_json(shared_models, tmp_path):
     for key in ("step_time_ms", "compute_ms", "comm_ms", "memory_bytes"):
         assert key in predicted
     assert len(predicted["memory_bytes"]) == 8
-    assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel", "hybrid", "parallel_only",
-                                     "algebraic_then_parallel", "unity"}
+    assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel", "parallel_only", "algebraic_then_parallel",
+                                     "unity"}
     for b in doc["baselines"].values():
         assert b["step_time_ms"] > 0
     assert predicted["step_time_ms"] == doc["baselines"][doc["strategy"]]["step_time_ms"]
