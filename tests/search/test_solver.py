@@ -1,0 +1,184 @@
+"""The inner parallelization solver (``search/solver.py``): exact against brute force on
+small graphs, and the strategies a person would build by hand come out of it on its own."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from unity_cli.cluster.parse import parse_cluster
+from unity_cli.cost.model import CostConfig, estimate
+from unity_cli.ir.ops.gather_reduce import GatherAttrs
+from unity_cli.ir.ops.linear import MatMulAttrs
+from unity_cli.ir.ops.parallel import ReductionAttrs
+from unity_cli.onnx_import import ImportOptions, import_model_proto
+from unity_cli.search.solver import brute_force, build_problem, factorizations, realize, solve, solve_problem
+from unity_cli.search.views import default_views
+
+
+def cluster(nodes: int, per_node: int, inter: str = "25 GB/s", intra: str = "300 GB/s",
+            flops: str = "19.5 TFLOP/s", capacity: str = "40 GiB"):
+    doc = {"name": f"c{nodes}x{per_node}",
+           "device_types": {"gpu": {"kind": "gpu", "peak_flops": {"float32": flops},
+                                    "memory": {"bandwidth": "1.5 TB/s", "capacity": capacity},
+                                    "launch_overhead": "5 us"}},
+           "nodes": {"count": nodes, "devices": per_node, "device": "gpu",
+                     "intra_link": {"bandwidth": intra, "latency": "2 us"}}}
+    if nodes > 1:
+        doc["inter_node_link"] = {"bandwidth": inter, "latency": "5 us"}
+    return parse_cluster(doc, "test")
+
+
+def _model(nodes, inits, inputs, outputs):
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return import_model_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                              ImportOptions()).pcg
+
+
+def mlp(batch: int, widths: list[int], relu: bool = True):
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for k, (a, b) in enumerate(zip(widths, widths[1:])):
+        inits.append(numpy_helper.from_array(rng.standard_normal((a, b)).astype(np.float32), f"w{k}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{k}"], [f"h{k}"], name=f"fc{k}"))
+        x = f"h{k}"
+        if relu and k < len(widths) - 2:
+            nodes.append(helper.make_node("Relu", [x], [f"r{k}"], name=f"relu{k}"))
+            x = f"r{k}"
+    return _model(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, widths[0]])],
+                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [batch, widths[-1]])])
+
+
+def branches(batch: int, width: int):
+    """Two MatMuls on one input, added: a graph that is not a chain."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), n) for n in "ab"]
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["p"], name="left"),
+             helper.make_node("MatMul", ["x", "b"], ["q"], name="right"),
+             helper.make_node("Add", ["p", "q"], ["y"], name="join")]
+    return _model(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])])
+
+
+def embedding(batch: int, rows: int, dim: int, out: int):
+    """A big table looked up by ids, then a small dense layer: DLRM's shape."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((rows, dim)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.standard_normal((dim, out)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="lookup", axis=0),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="dense")]
+    return _model(nodes, inits, [helper.make_tensor_value_info("ids", TensorProto.INT64, [batch])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out])])
+
+
+SMALL = [
+    ("mlp3", lambda: mlp(12, [6, 12, 6])),                 # 3 ops
+    ("mlp5", lambda: mlp(6, [12, 6, 12, 6])),               # 5 ops
+    ("branches", lambda: branches(6, 12)),                  # 3 ops, not a chain
+    ("embedding", lambda: embedding(6, 24, 6, 6)),          # 2 ops
+    ("mlp-norelu4", lambda: mlp(24, [12, 24, 12, 24, 12], relu=False)),   # 4 ops
+]
+CLUSTERS = [(1, 2), (1, 4), (1, 6), (2, 3), (3, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("name,make", SMALL, ids=[s[0] for s in SMALL])
+@pytest.mark.parametrize("shape", CLUSTERS, ids=[f"{a}x{b}" for a, b in CLUSTERS])
+def test_solver_equals_brute_force(name, make, shape):
+    pcg = make()
+    c = cluster(*shape)
+    for mesh in factorizations(c.num_devices):
+        p = build_problem(pcg, c, CostConfig(), mesh)
+        want = brute_force(p)
+        got = solve_problem(p)
+        assert want is not None and got is not None
+        assert p.objective(got) == pytest.approx(want[0], rel=1e-9, abs=1e-15), (mesh, got, want[1])
+        assert p.fits(got)
+
+
+def test_memory_is_a_hard_constraint():
+    pcg = mlp(8, [64, 64, 64])
+    c = cluster(1, 4)
+    roomy = build_problem(pcg, c, CostConfig(), (1, 4))
+    free = solve_problem(roomy)
+    assert free is not None
+    assert solve_problem(build_problem(pcg, c, CostConfig(memory_limit=1), (1, 4))) is None
+    # Just below what the unconstrained optimum needs: the solver moves to the best assignment that fits.
+    need = sum(roomy.node_memory[i][free[i]] for i in roomy.nodes)
+    tight = build_problem(pcg, c, CostConfig(memory_limit=int(need) - 1), (1, 4))
+    want = brute_force(tight)
+    got = solve_problem(tight)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and tight.fits(got) and got != free
+        assert tight.objective(got) == pytest.approx(want[0], rel=1e-9)
+
+
+def test_mesh_factorizations_are_every_divisor_pair():
+    assert factorizations(6) == [(1, 6), (2, 3)]
+    assert factorizations(48) == [(1, 48), (2, 24), (3, 16), (4, 12), (6, 8)]
+    assert factorizations(30) == [(1, 30), (2, 15), (3, 10), (5, 6)]
+
+
+def _kinds(pcg):
+    return collections.Counter(n.kind for _, n in pcg)
+
+
+def test_big_batch_small_weights_is_data_parallel():
+    pcg = mlp(65536, [256, 256, 256])
+    sol = solve(pcg, cluster(1, 8), CostConfig())
+    matmuls = [o for i, o in sol.choice.items() if isinstance(pcg.nodes[i].op, MatMulAttrs)]
+    assert all(o.degrees == (8, 1) and o.contracted == 1 for o in matmuls)
+
+
+def test_small_batch_big_weights_is_megatron_column_then_row():
+    pcg = mlp(8, [4096, 4096, 4096], relu=True)
+    sol = solve(pcg, cluster(1, 8), CostConfig())
+    first, second = (sol.choice[i] for i, n in pcg if isinstance(n.op, MatMulAttrs))
+    assert first.degrees == (1, 8) and first.contracted == 1          # columns
+    assert second.degrees == (1, 1) and second.contracted == 8        # rows: partial sums
+    assert sum(isinstance(n.op, ReductionAttrs) for _, n in sol.pcg) == 1   # one all-reduce for the pair
+
+
+def test_tp_inside_nodes_dp_across_is_found_for_any_factorization():
+    """8192-wide layers at batch 384 on 8 nodes of 6 (48 = 8 x 6): neither pure strategy wins."""
+    pcg = mlp(384, [8192, 8192, 8192, 8192])
+    c = cluster(8, 6, inter="12.5 GB/s", intra="50 GB/s", flops="15.7 TFLOP/s", capacity="16 GiB")
+    sol = solve(pcg, c, CostConfig())
+    matmuls = [sol.choice[i] for i, n in pcg if isinstance(n.op, MatMulAttrs)]
+    assert any(o.degrees[0] > 1 and (o.degrees[1] > 1 or o.contracted > 1) for o in matmuls), matmuls
+
+
+def test_embedding_table_is_split_and_so_is_the_dense_layer():
+    pcg = embedding(65536, 2_000_000, 64, 512)
+    sol = solve(pcg, cluster(1, 8), CostConfig())
+    lookup = next(sol.choice[i] for i, n in pcg if isinstance(n.op, GatherAttrs))
+    dense = next(sol.choice[i] for i, n in pcg if isinstance(n.op, MatMulAttrs))
+    table = lookup.inputs[0]
+    assert table.copy_degree == 1 and table.pieces == 8     # split 8 ways, by rows or by columns
+    assert max(dense.degrees) * dense.contracted == 8     # and the dense part is split too, not replicated
+
+
+def test_the_solved_graph_is_priced_like_any_plan():
+    pcg = mlp(64, [1024, 1024, 1024])
+    c = cluster(2, 4)
+    sol = solve(pcg, c, CostConfig())
+    rep = estimate(sol.pcg, default_views(sol.pcg), c, CostConfig())
+    assert rep.feasible and rep.step_time > 0
+    # Re-realizing the same choice gives the same graph (deterministic).
+    p = build_problem(pcg, c, CostConfig(), sol.mesh)
+    again = realize(p, {i: p.options[i].index(o) for i, o in sol.choice.items()})
+    assert again.node_hashes == sol.pcg.node_hashes
+    assert _kinds(sol.pcg)["MatMul"] == 2
+
+
+def test_an_onnx_model_round_trips_through_the_solver():
+    m = onnx.helper.make_model(onnx.helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])]), opset_imports=[helper.make_opsetid("", 17)])
+    pcg = import_model_proto(m, ImportOptions()).pcg
+    assert solve(pcg, cluster(1, 2), CostConfig()) is not None
+

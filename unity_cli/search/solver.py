@@ -1,0 +1,355 @@
+"""The inner level of the search: choose every operator's parallelization at once, exactly.
+
+For a fixed graph, each compute operator picks an *option*: the degrees of its output dims
+and of its contracted dim, the rest of the devices holding replicas. An option is legal
+when the operator's specification accepts the input layouts it implies
+(:func:`unity_cli.ir.opspec.input_layout`), so every option is an instance of the
+verified parallelization rules (partition a dim, contract with partial sums, replicate).
+
+Options come from a logical 2-D mesh ``M0 x M1 = N`` of the devices, as in Alpa: each mesh
+axis goes to one output dim, to the contracted dim, or to replicas. Every factorization of
+``N`` is solved (6 = 2 x 3, 48 = 8 x 6, 30 = 5 x 6: never only powers of two), so data
+parallelism, Megatron's column-then-row pairs, TP x DP hybrids of any factorization,
+row-split embedding tables beside data-parallel dense layers, and a different choice per
+layer are all points of one space.
+
+The objective adds, per operator, its piece's forward + backward time; per edge, the
+time of the parallel ops that bring the producer's layout to what the consumer reads (the
+resharding); per trainable weight read replicated, its gradient all-reduce; and, at a
+graph output left as partial sums, their reduction. All are priced by the cost model
+(``cost.model``) on tiny graphs, so the solver and the final pricing agree on every
+piece. Memory per device (activations kept for backward, weights with their gradients
+and optimizer state) is a hard constraint. The choice is an integer program solved
+exactly by HiGHS (``scipy.optimize.milp``): one binary per (operator, option), and per
+edge one variable per pair of options tied to the two choices by its marginals (the
+local-consistency form, whose relaxation is tight on trees, so HiGHS rarely branches).
+Each mesh's optimum is then priced by the step simulation, and the fastest mesh wins.
+``brute_force`` enumerates the same space and is the tests' oracle. The solved graph is
+then machine-mapped and priced by ``cost.model.estimate`` like any other candidate.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from ..cluster.spec import ClusterSpec
+from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost
+from ..errors import ShapeError
+from ..ir.ops.elementwise import UnaryAttrs
+from ..ir.ops.sources import InputAttrs, WeightAttrs
+from ..ir.opspec import SUM, input_layout
+from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
+from ..ir.shapes import ParallelTensorShape
+from ..ir.simplify import simplify
+from .reshard import reshard
+from .views import default_views
+
+COPY = "copy"
+VARIABLE_LIMIT = 400_000
+"""Integer programs larger than this (variables) are not solved: the caller keeps its other
+starts. A count, not seconds, so the same inputs give the same plan on any machine."""
+NODE_LIMIT = 2_000
+"""Branch-and-bound nodes HiGHS may explore per program (a work bound, not a time one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One parallelization of one operator: its output dims' degrees and its contracted degree."""
+
+    degrees: tuple[int, ...]
+    contracted: int
+    inputs: tuple[ParallelTensorShape, ...]      # the layouts it reads
+    outputs: tuple[ParallelTensorShape, ...]     # the layouts it makes
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The cost tables of one graph on one mesh (see the module docstring)."""
+
+    pcg: PCG
+    pieces: int
+    nodes: tuple[int, ...]                              # compute nodes, in graph order
+    options: dict[int, tuple[Option, ...]]
+    node_cost: dict[int, tuple[float, ...]]             # per option: compute + weight sync + output reduction
+    node_memory: dict[int, tuple[float, ...]]
+    edges: tuple[tuple[int, int, np.ndarray], ...]      # (producer, consumer, cost[producer option, consumer option])
+    capacity: float
+
+    def objective(self, choice: dict[int, int]) -> float:
+        """The additive cost of one assignment (node -> option index)."""
+        total = sum(self.node_cost[i][choice[i]] for i in self.nodes)
+        return total + sum(float(c[choice[u], choice[v]]) for u, v, c in self.edges)
+
+    def fits(self, choice: dict[int, int]) -> bool:
+        return sum(self.node_memory[i][choice[i]] for i in self.nodes) <= self.capacity
+
+
+@dataclass(frozen=True)
+class Solution:
+    pcg: PCG                       # the graph with the chosen parallel ops inserted
+    objective: float
+    mesh: tuple[int, int]
+    choice: dict[int, Option]
+
+
+def factorizations(n: int) -> list[tuple[int, int]]:
+    """Mesh shapes ``(M0, M1)`` with ``M0 * M1 = n`` and ``M0 <= M1``."""
+    return [(a, n // a) for a in range(1, math.isqrt(n) + 1) if n % a == 0]
+
+
+def node_options(n: Node, shapes: Sequence[ParallelTensorShape], mesh: tuple[int, int]) -> tuple[Option, ...]:
+    """The legal options of compute node ``n`` (inputs whole, as in the plain graph) on ``mesh``."""
+    pieces = mesh[0] * mesh[1]
+    logical = [s.logical for s in shapes]
+    rank = n.outputs[0].rank
+    has_sum = any(SUM in rs for rs in n.spec.roles(n.op, logical))
+    targets: list[int | str] = list(range(rank)) + ([SUM] if has_sum else []) + [COPY]
+    seen, out = set(), []
+    for t0, t1 in itertools.product(targets, repeat=2):
+        degrees = [1] * rank
+        contracted = 1
+        for t, m in ((t0, mesh[0]), (t1, mesh[1])):
+            if t == SUM:
+                contracted *= m
+            elif t != COPY:
+                degrees[t] *= m
+        key = (tuple(degrees), contracted)
+        if key in seen:
+            continue
+        seen.add(key)
+        layout = input_layout(n.spec, n.op, logical, key[0], contracted, pieces)
+        if layout is None:
+            continue
+        try:
+            outs = n.spec.infer_parallel(n.op, layout)
+        except ShapeError:
+            continue
+        out.append(Option(key[0], contracted, tuple(layout), tuple(outs)))
+    return tuple(out)
+
+
+class _Pricer:
+    """Times of resharding and of weight layouts, priced by the cost model on tiny graphs."""
+
+    def __init__(self, cluster: ClusterSpec, config: CostConfig):
+        self.cluster, self.config = cluster, config
+        self._cache: dict = {}
+
+    def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation") -> float:
+        """Seconds per step to bring ``source`` to ``target``: an activation's parallel ops, or
+        a weight's gradient all-reduce (its layout is set up once; only its replicas' sync recurs)."""
+        key = (source, target, kind)
+        if key not in self._cache:
+            self._cache[key] = self._price(source, target, kind)
+        return self._cache[key]
+
+    def _price(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str) -> float:
+        if source == target and kind == "activation":
+            return 0.0
+        b = GraphBuilder()
+        if kind == "activation":
+            x = b.add(InputAttrs(source.logical), (), "x", outputs=[source])[0]
+            # Priced as made by an op: a layout of a source is set up once, not paid per step.
+            x = b.add1(UnaryAttrs("Identity"), [x], "producer")
+        else:
+            x = b.add1(WeightAttrs(source.logical, kind == "weight"), (), "w")
+        try:
+            y = reshard(b, x, target)
+        except ShapeError:
+            return math.inf
+        if y == x:
+            return 0.0
+        pcg = b.build([y])
+        # The cost model's per-node prices, as estimate() takes them (no step simulation needed).
+        ctx = CostContext.of(pcg, self.cluster, self.config)
+        views = default_views(pcg)
+        costs = [node_cost(ctx, i, views) for i in range(len(pcg))]
+        return sum(c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
+
+
+def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int]) -> Problem:
+    """The cost tables of ``pcg`` (a plain graph: no parallel ops) on ``mesh``."""
+    pieces = mesh[0] * mesh[1]
+    pricer = _Pricer(cluster, config)
+    device = min((cluster.device_type(d) for d in range(cluster.num_devices)),
+                 key=lambda t: t.flops(config.dtype.value))
+    nodes = tuple(i for i, n in pcg if not n.spec.is_source)
+    if any(pcg.nodes[i].spec.is_parallel_op for i in nodes):
+        raise ShapeError("the solver takes a graph without parallel ops")
+    options: dict[int, tuple[Option, ...]] = {}
+    node_cost: dict[int, tuple[float, ...]] = {}
+    node_memory: dict[int, tuple[float, ...]] = {}
+    returned = {r.node for r in pcg.outputs}
+    states = 2 + config.optimizer.states
+    for i in nodes:
+        n = pcg.nodes[i]
+        opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
+        if not opts:
+            raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {pieces} devices")
+        options[i] = opts
+        costs, mems = [], []
+        for o in opts:
+            fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile)
+            t = fwd + bwd
+            mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
+            for r, want in zip(n.inputs, o.inputs, strict=True):
+                src = pcg.nodes[r.node]
+                if isinstance(src.op, WeightAttrs):
+                    kind = "weight" if src.op.trainable else "constant"
+                    t += pricer.move(pcg.shape(r), want, kind)
+                    mem += want.piece.numel * 4 * (states if src.op.trainable else 1)
+                elif isinstance(src.op, InputAttrs):
+                    mem += want.piece.numel * want.dtype.itemsize   # inputs are cut where read
+            if i in returned:
+                for s in o.outputs[:1]:
+                    if s.sum_degree > 1:
+                        t += pricer.move(s, s.with_replicas(sum_degree=1))
+            costs.append(t)
+            mems.append(float(mem))
+        node_cost[i], node_memory[i] = tuple(costs), tuple(mems)
+    edges = []
+    for v in nodes:
+        n = pcg.nodes[v]
+        for k, r in enumerate(n.inputs):
+            u = r.node
+            if u not in options:
+                continue
+            table = np.array([[pricer.move(a.outputs[r.index], b.inputs[k]) for b in options[v]]
+                              for a in options[u]])
+            edges.append((u, v, table))
+    caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
+    capacity = float(min(caps) if config.memory_limit is None else min(min(caps), config.memory_limit))
+    return Problem(pcg, pieces, nodes, options, node_cost, node_memory, tuple(edges), capacity)
+
+
+def solve_problem(p: Problem) -> dict[int, int] | None:
+    """The assignment of least objective that fits in memory (None: none fits, or the
+    program is too large), by mixed-integer programming."""
+    index: dict[tuple[int, int], int] = {}
+    for i in p.nodes:
+        for k in range(len(p.options[i])):
+            index[(i, k)] = len(index)
+    c = [0.0] * len(index)
+    for (i, k), j in index.items():
+        c[j] = p.node_cost[i][k]
+    rows, cols, vals, lo, hi = [], [], [], [], []
+
+    def constraint(terms: Sequence[tuple[int, float]], low: float, high: float) -> None:
+        r = len(lo)
+        for col, v in terms:
+            rows.append(r)
+            cols.append(col)
+            vals.append(v)
+        lo.append(low)
+        hi.append(high)
+
+    for i in p.nodes:
+        constraint([(index[(i, k)], 1.0) for k in range(len(p.options[i]))], 1.0, 1.0)
+    constraint([(index[(i, k)], p.node_memory[i][k]) for i in p.nodes for k in range(len(p.options[i]))],
+               -np.inf, p.capacity)
+    integrality = [1] * len(index)
+    upper_y: list[float] = []
+    for u, v, table in p.edges:
+        # y_ab = x_ua * x_vb through its marginals: sum_b y_ab = x_ua, sum_a y_ab = x_vb. The
+        # relaxation of this form is tight on trees (local consistency), so little branching.
+        first = len(c)
+        na, nb = table.shape
+        for a_, b_ in itertools.product(range(na), range(nb)):
+            cost = float(table[a_, b_])
+            c.append(cost if math.isfinite(cost) else 0.0)
+            integrality.append(0)
+            upper_y.append(1.0 if math.isfinite(cost) else 0.0)
+        for a_ in range(na):
+            constraint([(first + a_ * nb + b_, 1.0) for b_ in range(nb)] + [(index[(u, a_)], -1.0)], 0.0, 0.0)
+        for b_ in range(nb):
+            constraint([(first + a_ * nb + b_, 1.0) for a_ in range(na)] + [(index[(v, b_)], -1.0)], 0.0, 0.0)
+        if len(c) > VARIABLE_LIMIT:
+            return None
+    n = len(c)
+    a = coo_array((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
+    upper = np.concatenate([np.ones(len(index)), np.array(upper_y)])
+    # In microseconds: HiGHS's tolerances are absolute, and step times are 1e-6 .. 1 s.
+    res = milp(np.array(c) * 1e6, constraints=LinearConstraint(a, lo, hi), integrality=np.array(integrality),
+               bounds=Bounds(np.zeros(n), upper),
+               options={"node_limit": NODE_LIMIT, "mip_rel_gap": 0.0, "presolve": True})
+    if res.x is None:
+        return None
+    x = res.x
+    choice = {}
+    for i in p.nodes:
+        ks = [k for k in range(len(p.options[i])) if x[index[(i, k)]] > 0.5]
+        choice[i] = ks[0]
+    return choice
+
+
+def brute_force(p: Problem) -> tuple[float, dict[int, int]] | None:
+    """Every assignment, for the tests: (least objective, its assignment) among those that fit."""
+    best = None
+    for combo in itertools.product(*(range(len(p.options[i])) for i in p.nodes)):
+        choice = dict(zip(p.nodes, combo, strict=True))
+        if not p.fits(choice):
+            continue
+        value = p.objective(choice)
+        if best is None or value < best[0] - 1e-15:
+            best = (value, choice)
+    return best
+
+
+def realize(p: Problem, choice: dict[int, int]) -> PCG:
+    """The graph with each operator's chosen layouts: parallel ops inserted where a consumer
+    reads another layout than its producer makes (shared by consumers that read the same)."""
+    pcg = p.pcg
+    b = GraphBuilder()
+    remap: dict[TensorRef, TensorRef] = {}
+    cache: dict[tuple[TensorRef, ParallelTensorShape], TensorRef] = {}
+    for i, n in pcg:
+        if n.spec.is_source:
+            remap[TensorRef(i, 0)] = b.add(n.op, (), n.name, outputs=n.outputs)[0]
+            continue
+        opt = p.options[i][choice[i]]
+        ins = []
+        for r, want in zip(n.inputs, opt.inputs, strict=True):
+            key = (remap[r], want)
+            if key not in cache:
+                cache[key] = reshard(b, remap[r], want)
+            ins.append(cache[key])
+        for k, o in enumerate(b.add(n.op, ins, n.name)):
+            remap[TensorRef(i, k)] = o
+    outputs = []
+    for r in pcg.outputs:
+        s = b.shape(remap[r])
+        outputs.append(reshard(b, remap[r], s.with_replicas(sum_degree=1)) if s.sum_degree > 1 else remap[r])
+    return simplify(b.build(outputs))
+
+
+def solve(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(),
+          devices: int | None = None) -> Solution | None:
+    """The best parallelization of ``pcg`` over ``devices`` (default: all) devices, over every
+    mesh factorization; None if no program was small enough to solve or none fits."""
+    n = devices or cluster.num_devices
+    best: Solution | None = None
+    best_time = math.inf
+    for mesh in factorizations(n):
+        try:
+            p = build_problem(pcg, cluster, config, mesh)
+        except ShapeError:
+            continue
+        choice = solve_problem(p)
+        if choice is None:
+            continue
+        # The meshes' optima are compared as the final pricing sees them: the step simulation
+        # overlaps what the additive objective adds up.
+        g = realize(p, choice)
+        rep = estimate(g, default_views(g), cluster, config)
+        if not rep.feasible:
+            continue
+        if best is None or rep.step_time < best_time * (1 - 1e-12):
+            best, best_time = Solution(g, p.objective(choice), mesh, {i: p.options[i][k] for i, k in choice.items()}), \
+                rep.step_time
+    return best
