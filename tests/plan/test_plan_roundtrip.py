@@ -116,7 +116,10 @@ def test_plan_text_is_canonical(bert_plan):
 
 
 def test_byte_identical_across_processes(tmp_path):
-    """Different PYTHONHASHSEEDs (and so different set/dict-of-str orders) give the same bytes."""
+    """Different PYTHONHASHSEEDs (and so different set/dict-of-str orders) give the same bytes.
+
+    With a work budget (--max-candidates): the default stop is still the 30 s budget, which
+    a loaded machine hits at another candidate (issue 12, item 6, makes the default count work)."""
     exe = Path(sys.executable).parent / "unity"
     cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "unity_cli.cli"]
     model = EXPORTED_DIR / "gpt2_tiny.onnx"
@@ -125,7 +128,7 @@ def test_byte_identical_across_processes(tmp_path):
         out = tmp_path / seed / "plan.json"
         out.parent.mkdir()
         r = subprocess.run(cmd + ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-32.yaml"),
-                                  "--batch-size", "8", "--out", str(out)],
+                                  "--batch-size", "8", "--out", str(out), "--max-candidates", "60"],
                            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
         assert r.returncode == 0, r.stderr
         outs.append(out.read_bytes())
