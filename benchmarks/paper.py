@@ -1,7 +1,7 @@
 """The Unity paper's benchmark (OSDI'22, section 8): its seven DNNs x {8, 48, 192} GPUs of
 Summit x the five strategies, each priced by our cost model in one search per point.
 
-    python benchmarks/paper.py [--budget 30] [--devices 8,48,192] [--models all|NAME,...]
+    python benchmarks/paper.py [--budget S] [--max-candidates N] [--devices 8,48,192] [--models all|NAME,...]
                                [--scale paper|small] [--optimizer adam] [--out benchmarks/results]
                                [--plot docs/paper_speedup.png]
 
@@ -36,7 +36,7 @@ from unity_cli.cluster import load_cluster  # noqa: E402
 from unity_cli.cost.model import CostConfig, Optimizer  # noqa: E402
 from unity_cli.errors import InfeasibleError  # noqa: E402
 from unity_cli.onnx_import import ImportOptions, import_model  # noqa: E402
-from unity_cli.search.optimize import optimize  # noqa: E402
+from unity_cli.search.optimize import DEFAULT_CANDIDATES, optimize  # noqa: E402
 from unity_cli.substitutions.cache import load_cache  # noqa: E402
 
 STRATEGIES = ("data_parallel", "tensor_parallel", "parallel_only", "algebraic_then_parallel", "unity")
@@ -85,11 +85,20 @@ class Row:
         return min(fits) / self.times["unity"]
 
 
-def run_point(path: Path, model: str, n: int, batch: int, cluster, config: CostConfig, rules, budget: float) -> Row:
+def _work(args) -> str:
+    """How the search was bounded, for the table's header."""
+    if args.max_candidates:
+        return f"max {args.max_candidates} candidates"
+    cap = f", a ceiling of {args.budget:g} s" if args.budget else ""
+    return f"the default work ({DEFAULT_CANDIDATES} candidates{cap})"
+
+
+def run_point(path: Path, model: str, n: int, batch: int, cluster, config: CostConfig, rules,
+              budget: float | None, max_candidates: int | None = None) -> Row:
     pcg = import_model(path, ImportOptions(batch)).pcg
     t0 = time.monotonic()
     try:
-        res = optimize(pcg, cluster, config, "best", rules, budget=budget)
+        res = optimize(pcg, cluster, config, "best", rules, budget=budget, max_candidates=max_candidates)
     except InfeasibleError as e:
         return Row(model, n, batch, {}, {}, "", time.monotonic() - t0, 0, str(e))
     seconds = time.monotonic() - t0
@@ -179,7 +188,9 @@ def plot(rows: list[Row], path: Path, title: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=float, default=30.0, help="search seconds per point (the optimizer's default)")
+    ap.add_argument("--budget", type=float, help="a ceiling in seconds per point (default: none; the search "
+                    "stops by its work count, as the optimizer does)")
+    ap.add_argument("--max-candidates", type=int, help="the search's work count (default: the optimizer's)")
     ap.add_argument("--devices", default="8,48,192")
     ap.add_argument("--models", default="all", help="all, or a comma-separated list of zoo names")
     ap.add_argument("--scale", choices=zoo.SCALES, default="paper")
@@ -192,7 +203,7 @@ def main() -> None:
     summit = load_cluster(REPO / "cluster_specs" / "summit-192.yaml")
     config = CostConfig(optimizer=Optimizer(args.optimizer))
     rules = load_cache().rules
-    header = (f"{args.scale} scale; summit-192 (first N V100s); float32, {args.optimizer}; budget {args.budget:g} s "
+    header = (f"{args.scale} scale; summit-192 (first N V100s); float32, {args.optimizer}; {_work(args)} "
               "per point; predicted step times (weak scaling: batch = per-device batch x GPUs)")
     print(header + "\n", flush=True)
     rows: list[Row] = []
@@ -203,7 +214,8 @@ def main() -> None:
             zoo.write(name, path, args.scale, weights=False)
             per = PER_DEVICE_BATCH[name] if args.scale == "paper" else SMALL_BATCH
             for n in devices:
-                row = run_point(path, name, n, per * n, summit.first(n), config, rules, args.budget)
+                row = run_point(path, name, n, per * n, summit.first(n), config, rules, args.budget,
+                                args.max_candidates)
                 rows.append(row)
                 print(markdown([row], "").splitlines()[-1], flush=True)
     total = time.monotonic() - started
@@ -215,7 +227,7 @@ def main() -> None:
     print("\n" + table)
     if args.plot:
         print(plot(rows, Path(args.plot), f"The Unity paper's seven DNNs on Summit ({args.scale} scale, "
-                                          f"{args.optimizer}, search budget {args.budget:g} s per point)"))
+                                          f"{args.optimizer}, {_work(args)} per point)"))
     print(f"wrote {out / 'paper.md'} and {out / 'paper.csv'}; total {total / 60:.1f} min")
 
 

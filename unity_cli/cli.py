@@ -5,7 +5,6 @@ import functools
 import json
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -112,13 +111,16 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
               help="Optimizer whose state is counted in memory.")
 @click.option("--strategy", default="best", show_default=True,
               help="best (the joint search, keeping the fastest plan found) | unity | parallel_only | "
-                   "algebraic_then_parallel | data_parallel | tensor_parallel")
-@click.option("--budget", type=float, default=30.0, show_default=True,
-              help="Seconds the search (best, unity and the search baselines) may take; the best plan "
-                   "so far is kept.")
+                   "algebraic_then_parallel | data_parallel | tensor_parallel | hybrid (the fastest uniform "
+                   "TP x DP hybrid) | tp=T,dp=D (tensor parallel T ways on consecutive devices, data parallel "
+                   "D ways across the groups; T*D = the cluster's device count)")
+@click.option("--budget", type=float, metavar="SECONDS",
+              help="A ceiling on the seconds the whole run may take (default: none); the best plan so far "
+                   "is kept, and the plan records \"cut_by_budget\" when it cut the search.")
 @click.option("--max-candidates", type=int,
-              help="Stop the joint search after this many candidates (a budget that, unlike seconds, "
-                   "gives the same plan on every machine).")
+              help="Stop the searches after this many candidates in all (default: "
+                   "unity_cli.search.optimize.DEFAULT_CANDIDATES). A count, unlike seconds, gives the same "
+                   "plan on every machine; given, it wins over --budget.")
 @click.option("--memory-limit", type=float, metavar="GB",
               help="Memory per device the plan may use, in GB (default: each device's capacity).")
 @click.option("--alpha", type=float, default=1.05, show_default=True,
@@ -135,8 +137,8 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @handles_errors
 def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
-             optimizer: str, strategy: str, budget: float, max_candidates: int | None, memory_limit: float | None,
-             alpha: float, out_path: str,
+             optimizer: str, strategy: str, budget: float | None, max_candidates: int | None,
+             memory_limit: float | None, alpha: float, out_path: str,
              rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
              report_path: str | None = None) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
@@ -148,6 +150,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     from .plan.build import make_plan
     from .report.progress import Progress
     from .report.summary import summary
+    from .search.optimize import DEFAULT_CANDIDATES
     from .search.optimize import optimize as run_search
     from .substitutions.cache import load_cache
 
@@ -168,18 +171,20 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         raise UsageError("--profile and --no-profile: pick one")
     profile, profile_note = profile_for(cluster, profile_path, use_default=not no_profile)
     config = CostConfig(DType(dtype), Optimizer(optimizer), limit, profile)
-    if budget <= 0:
+    if budget is not None and budget <= 0:
         raise UsageError(f"--budget must be positive, got {budget}")
     if alpha < 1:
         raise UsageError(f"--alpha must be >= 1, got {alpha}")
     if max_candidates is not None and max_candidates < 1:
         raise UsageError(f"--max-candidates must be >= 1, got {max_candidates}")
     progress = Progress("search", enabled=None if not as_json else False)
-    started = time.monotonic()
 
-    def report(stats, best: float, _left: float) -> None:  # elapsed over the whole run, not one phase
-        elapsed = min(int(time.monotonic() - started), int(budget))
-        progress(elapsed, int(budget), f"{stats.candidates} candidates, best {best * 1e3:.3f} ms")
+    work = max_candidates or DEFAULT_CANDIDATES
+    costed = [0]
+
+    def report(_stats, best: float, _left: float) -> None:  # called once per candidate, over all searches
+        costed[0] += 1
+        progress(min(costed[0], work), work, f"{costed[0]} candidates, best {best * 1e3:.3f} ms")
 
     try:
         result = run_search(imported.pcg, cluster, config, strategy, rules.rules, budget, alpha, report,
@@ -193,6 +198,9 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         from .report.html import write_report
         write_report(plan, report_path)
     notes = [profile_note] if profile_note else []
+    if result.cut_by_budget:
+        notes.append(f"--budget {budget:g} s cut the search short: the plan may differ on a faster machine "
+                     "(--max-candidates gives the same plan on every machine)")
     if imported.batch_defaulted:
         notes.append(f"the model's batch dim is symbolic; planned for batch {DEFAULT_BATCH} (set --batch-size)")
     if as_json:

@@ -241,7 +241,7 @@ def test_optimize_bert_tiny_subprocess(shared_models, tmp_path):
     model = shared_models / "bert_tiny.onnx"
     out = tmp_path / "plan.json"
     r = _run(["optimize", str(model), "--cluster", "cluster_specs/dgx-a100-8.yaml", "--out", str(out),
-              "--budget", "4"], cwd=REPO)
+              "--max-candidates", "40"], cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     for name in ("data_parallel", "tensor_parallel", "parallel_only", "algebraic_then_parallel", "unity"):
@@ -265,7 +265,7 @@ def test_optimize_json(shared_models, tmp_path):
     out = tmp_path / "plan.json"
     r = _invoke(["optimize", str(shared_models / "bert_tiny.onnx"), "--cluster", str(DGX8), "--batch-size", "4",
                  "--out", str(out), "--json",
-                 "--budget", "2"])
+                 "--max-candidates", "40"])
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert len(lines) == 1
@@ -276,8 +276,8 @@ def test_optimize_json(shared_models, tmp_path):
     for key in ("step_time_ms", "compute_ms", "comm_ms", "memory_bytes"):
         assert key in predicted
     assert len(predicted["memory_bytes"]) == 8
-    assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel", "parallel_only", "algebraic_then_parallel",
-                                     "unity"}
+    assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel", "hybrid", "parallel_only",
+                                     "algebraic_then_parallel", "unity"}
     for b in doc["baselines"].values():
         assert b["step_time_ms"] > 0
     assert predicted["step_time_ms"] == doc["baselines"][doc["strategy"]]["step_time_ms"]

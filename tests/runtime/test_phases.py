@@ -69,7 +69,8 @@ def test_predicted_phases_add_up_to_the_simulated_busy_time(shared_models, clust
     assert sum(phases.values()) == pytest.approx(busy)
     assert phases["fwd_compute"] > 0 and phases["bwd_compute"] > 0 and phases["optimizer"] > 0
     if strategy == "data_parallel":
-        assert phases["grad_sync"] > 0 and phases["fwd_comm"] == 0
+        # (forward it moves little: a batch slice of the replicated token-type embedding, and the loss value)
+        assert phases["grad_sync"] > 0 and phases["fwd_comm"] < phases["grad_sync"]
     else:
         assert phases["fwd_comm"] > 0 and phases["bwd_comm"] > 0
 

@@ -200,7 +200,8 @@ def test_unknown_strategy(mlp_path, clusters):
     imported = import_model(mlp_path, ImportOptions(4))
     with pytest.raises(UsageError, match="nonsense"):
         optimize(imported.pcg, clusters["dgx-a100-8"], CostConfig(), "nonsense")
-    assert CHOICES == ("best", "unity", "parallel_only", "algebraic_then_parallel", "data_parallel", "tensor_parallel")
+    assert CHOICES == ("best", "unity", "parallel_only", "algebraic_then_parallel", "data_parallel", "tensor_parallel",
+                       "hybrid")
 
 
 def _small_cluster(tmp_path: Path, capacity: str):

@@ -1,8 +1,11 @@
 """The cost of one training step of a mapped PCG: compute, communication, memory.
 
 Every operator piece costs a roofline estimate forward and backward, or what the profile
-measured for it (``CostConfig.profile``, see ``profile.py``); every parallel operator costs
-the collective it implies, over the spec's links or the profile's measured ones. A list-scheduling
+measured for it (``CostConfig.profile``, see ``profile.py``). Every byte the runtime moves is
+priced from one list, :func:`~unity_cli.cost.moves.node_moves` (a compute op's reads of pieces on
+other devices, every parallel op as the runtime runs it, the weight-gradient all-reduces and
+the loss's gathering), over the spec's links or the profile's measured ones; the
+machine-mapping DP prices nodes with the same :func:`node_cost`. A list-scheduling
 simulation over two streams per device (compute and communication) turns these into a
 step time, so independent work overlaps and the weight-gradient all-reduce hides behind
 the rest of the backward pass where it can.
@@ -11,29 +14,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from ..cluster.machine_view import MachineView
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import Dimension, format_quantity
 from ..ir.dtypes import DType
-from ..ir.ops.parallel import (
-    REPLICA_DIM,
-    CombineAttrs,
-    ReductionAttrs,
-    RepartitionAttrs,
-    ReplicateAttrs,
-    reduces_copies,
-)
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
-from .comm import Collective, groups_time
 from .compute import piece_shapes, roofline
+from .moves import Move, Structure, node_moves, phase_seconds, sent_per_device
 from .profile import Profile, piece_key
+from .schedule import gather_then_replicate, layout_sources, stored_layout
+
+__all__ = ["CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate",
+           "gather_then_replicate", "layout_sources", "memory_per_device", "node_cost", "stored_layout"]
 
 
 class Optimizer(Enum):
@@ -52,6 +51,7 @@ class CostConfig:
     optimizer: Optimizer = Optimizer.ADAM
     memory_limit: int | None = None   # bytes per device; None: each device's capacity
     profile: Profile | None = None    # measured times that replace the roofline and the links
+    loss: str = "auto"                # the loss unity run trains with: auto | cross_entropy | mse
 
 
 class Stream(Enum):
@@ -69,6 +69,7 @@ class Event:
     devices: tuple[int, ...]
     start: float
     end: float
+    comm: bool = False             # moving data (a stream blocked on communication) rather than computing
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +80,16 @@ class NodeCost:
     comm_fwd: float
     comm_bwd: float
     grad_sync: float
+    comm_loss: float = 0.0         # the output node: the loss's gathering and its gradients
+
+    @property
+    def comm(self) -> float:
+        """Every second of communication the node's moves cost."""
+        return self.comm_fwd + self.comm_bwd + self.grad_sync + self.comm_loss
 
     @property
     def total(self) -> float:
-        return self.compute_fwd + self.compute_bwd + self.comm_fwd + self.comm_bwd + self.grad_sync
+        return self.compute_fwd + self.compute_bwd + self.comm
 
 
 @dataclass(frozen=True)
@@ -94,109 +101,11 @@ class CostReport:
     nodes: tuple[NodeCost, ...]
     events: tuple[Event, ...] = field(repr=False, default=())
     infeasible: str | None = None
+    comm_bytes: tuple[int, ...] = ()   # bytes of tensor data each device sends per step (cost.comm.sent_bytes)
 
     @property
     def feasible(self) -> bool:
         return self.infeasible is None
-
-
-def layout_sources(pcg: PCG) -> list[int | None]:
-    """For each node: the source it is a stored layout of (a source, or parallel ops applied
-    straight to one), else None. Layouts are set up once, not paid every step."""
-    out: list[int | None] = []
-    for i, n in pcg:
-        if n.spec.is_source:
-            out.append(i)
-        elif n.spec.is_parallel_op and out[n.inputs[0].node] is not None:
-            out.append(out[n.inputs[0].node])
-        else:
-            out.append(None)
-    return out
-
-
-def gather_then_replicate(pcg: PCG, layout: Sequence[int | None]) -> dict[int, int]:
-    """Pairs ``Combine(dim, d)``/``Reduction(d)`` -> ``Replicate(d)`` (first -> second): one
-    all-gather / all-reduce leaves the result on all ``d`` devices, so the pair is one
-    collective — when its groups of devices are the same before and after
-    (:func:`same_groups`; the runtime fuses exactly these). A gather whose result the graph
-    returns stays apart."""
-    pairs = {}
-    returned = {r.node for r in pcg.outputs}
-    for i, n in pcg:
-        if not isinstance(n.op, ReplicateAttrs) or layout[i] is not None:
-            continue
-        j = n.inputs[0].node
-        prev = pcg.nodes[j].op
-        gathers = isinstance(prev, CombineAttrs) and prev.dim != REPLICA_DIM or isinstance(prev, ReductionAttrs)
-        if gathers and prev.degree == n.op.degree and len(pcg.consumers[j]) == 1 and j not in returned:
-            pairs[j] = i
-    return pairs
-
-
-def same_groups(pcg: PCG, j: int, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]) -> bool:
-    """Whether the gather/reduction ``j`` and the replicate ``i`` after it talk in the same
-    groups of devices (each group's ``d`` pieces before are its ``d`` copies after)."""
-    first, second = pcg.nodes[j], pcg.nodes[i]
-    x, d = pcg.shape(first.inputs[0]), first.op.degree
-    axis = (x.rank + 1 if reduces_copies(x) else x.rank) if isinstance(first.op, ReductionAttrs) else first.op.dim
-    try:
-        vin, vout = views[first.inputs[0].node], views[i]
-    except KeyError:  # a partial mapping (the machine-mapping DP's) has not placed both ends yet
-        return True
-    before = vin.groups(x, axis, d)
-    after = vout.groups(second.outputs[0], x.rank + 1, d)
-    return all(len(set(g)) == d for g in before) and \
-        sorted(tuple(sorted(g)) for g in before) == sorted(tuple(sorted(g)) for g in after)
-
-
-def _comm(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec,
-          dtype: DType, fused: dict[int, int], profile: Profile | None = None) -> tuple[float, float]:
-    """(forward, backward) seconds of the collective a parallel op implies."""
-    n = pcg.nodes[i]
-    before = next((j for j, k in fused.items() if k == i), None)
-    if before is not None and same_groups(pcg, before, i, views):
-        return 0.0, 0.0  # its gather or reduction already left the data everywhere
-    paired = i in fused and same_groups(pcg, i, fused[i], views)
-    src = n.inputs[0]
-    x, y = pcg.shape(src), n.outputs[0]
-    vin, vout = views[src.node], views[i]
-    itemsize = dtype.itemsize if x.dtype.is_float else x.dtype.itemsize
-    piece_in = x.piece.numel * itemsize
-    piece_out = y.piece.numel * itemsize
-    rank = x.rank
-    match n.op:
-        case RepartitionAttrs(dim=dim, degree=d):
-            groups = vout.groups(y, dim, d)
-            return 0.0, groups_time(Collective.ALL_GATHER, piece_in, cluster, groups, profile)
-        case CombineAttrs(dim=dim, degree=d) if dim == REPLICA_DIM:
-            return 0.0, 0.0
-        case CombineAttrs(dim=dim, degree=d):
-            groups = vin.groups(x, dim, d)
-            back = groups_time(Collective.REDUCE_SCATTER, piece_out, cluster, groups, profile) if paired else 0.0
-            return groups_time(Collective.ALL_GATHER, piece_out, cluster, groups, profile), back
-        case ReplicateAttrs(degree=d):
-            groups = vout.groups(y, rank + 1, d)
-            return (groups_time(Collective.BROADCAST, piece_out, cluster, groups, profile),
-                    groups_time(Collective.REDUCE, piece_out, cluster, groups, profile))
-        case ReductionAttrs(degree=d):
-            groups = vin.groups(x, rank + 1 if reduces_copies(x) else rank, d)
-            if paired:
-                t = groups_time(Collective.ALL_REDUCE, piece_in, cluster, groups, profile)
-                return t, t
-            return (groups_time(Collective.REDUCE, piece_in, cluster, groups, profile),
-                    groups_time(Collective.BROADCAST, piece_in, cluster, groups, profile))
-    raise AssertionError(n.op)
-
-
-def _sync(pcg: PCG, i: int, views: Mapping[int, MachineView] | Sequence[MachineView], cluster: ClusterSpec,
-          profile: Profile | None = None) -> float:
-    """Gradient all-reduce of a replicated trainable weight (the backward of its Replicate)."""
-    n = pcg.nodes[i]
-    if not isinstance(n.op, ReplicateAttrs):
-        return 0.0
-    y = n.outputs[0]
-    groups = views[i].groups(y, y.rank + 1, n.op.degree)
-    return groups_time(Collective.ALL_REDUCE, y.piece.nbytes, cluster, groups, profile)
 
 
 @dataclass(frozen=True)
@@ -208,35 +117,63 @@ class CostContext:
     config: CostConfig
     layout: tuple[int | None, ...]
     fused: dict[int, int]
+    structure: Structure
+    cache: dict = field(default_factory=dict, repr=False, compare=False)   # shared by equal (cluster, config)
 
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
-        layout = tuple(layout_sources(pcg))
-        return CostContext(pcg, cluster, config, layout, gather_then_replicate(pcg, layout))
+        st = Structure.of(pcg, cluster.num_devices, config.loss)
+        return CostContext(pcg, cluster, config, st.layout, st.pairs, st, _node_cache(cluster, config))
+
+
+@functools.lru_cache(maxsize=8)
+def _node_cache(cluster: ClusterSpec, config: CostConfig) -> dict:
+    """Node prices by (structure key, views): candidates of one search share most nodes."""
+    return {}
+
+
+NODE_CACHE_LIMIT = 50_000
 
 
 def node_cost(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]) -> NodeCost:
-    """The cost of node ``i`` given its view and (for a parallel op) its producer's view."""
+    """The cost of node ``i``: its compute, and its moves (``cost.moves.node_moves``) priced
+    over the links. ``views`` needs ``i`` and ``ctx.structure.deps(i)``."""
+    return node_cost_and_moves(ctx, i, views)[0]
+
+
+def node_cost_and_moves(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]
+                        ) -> tuple[NodeCost, tuple[Move, ...]]:
+    """:func:`node_cost` and the moves it priced."""
+    st = ctx.structure
+    key = (st.key(i), views[i], *(views[d] for d in st.deps(i)))
+    hit = ctx.cache.get(key)
+    if hit is None:
+        if len(ctx.cache) > NODE_CACHE_LIMIT:
+            ctx.cache.clear()
+        hit = ctx.cache[key] = _price(ctx, i, views)
+    cost, moves = hit
+    return (cost if cost.node == i else replace(cost, node=i)), moves
+
+
+def _price(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]
+           ) -> tuple[NodeCost, tuple[Move, ...]]:
     pcg, cluster, config = ctx.pcg, ctx.cluster, ctx.config
     n = pcg.nodes[i]
-    src = ctx.layout[i]
-    if n.spec.is_source:
-        return NodeCost(i, 0, 0, 0, 0, 0)
-    if src is not None:
-        w = pcg.nodes[src].op
-        trainable = isinstance(w, WeightAttrs) and w.trainable
-        return NodeCost(i, 0, 0, 0, 0, _sync(pcg, i, views, cluster, config.profile) if trainable else 0.0)
+    moves = node_moves(ctx.structure, i, views, config.dtype)
+    t = phase_seconds(moves, cluster, config.profile) if moves else {}
+    f, b, sync, loss = t.get("fwd", 0.0), t.get("bwd", 0.0), t.get("sync", 0.0), t.get("loss", 0.0)
+    if n.spec.is_source or ctx.layout[i] is not None:
+        return NodeCost(i, 0, 0, 0, 0, sync, loss), moves
     if n.spec.is_parallel_op:
-        f, b = _comm(pcg, i, views, cluster, config.dtype, ctx.fused, config.profile)
         if config.profile is not None and (f or b):  # a task of the runtime's, like a compute one
             half = config.profile.dispatch(cluster.device_type(views[i].devices(n.outputs[0])[0])) / 2
             f, b = f + half if f else 0.0, b + half if b else 0.0
-        return NodeCost(i, 0, 0, f, b, 0)
+        return NodeCost(i, 0, 0, f, b, 0, loss), moves
     devices = views[i].devices(n.outputs[0])
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
     fwd, bwd = _compute_time(n.op, tuple(pcg.shape(r) for r in n.inputs), n.outputs, device, config.dtype,
                              config.profile)
-    return NodeCost(i, fwd, bwd, 0, 0, 0)
+    return NodeCost(i, fwd, bwd, f, b, 0, loss), moves
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -265,7 +202,9 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     ctx = CostContext.of(pcg, cluster, config)
     layout = ctx.layout
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
-    costs = [node_cost(ctx, i, views) for i in range(len(pcg))]
+    priced = [node_cost_and_moves(ctx, i, views) for i in range(len(pcg))]
+    costs = [c for c, _ in priced]
+    sent = sent_per_device((m for _, ms in priced for m in ms), cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = config.profile.loss(cluster.device_type(out_devs[0])) if config.profile is not None else 0.0
     events = _simulate(pcg, devs, costs, layout, (out_devs, loss))
@@ -275,9 +214,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     busiest_compute = [0.0] * cluster.num_devices
     busiest_comm = [0.0] * cluster.num_devices
     for e in events:
-        acc = busiest_compute if e.phase == "loss" or (e.stream is Stream.COMPUTE and e.phase in ("fwd", "bwd") and
-                                                       costs[e.node].comm_fwd + costs[e.node].comm_bwd == 0) \
-            else busiest_comm
+        acc = busiest_comm if e.comm or e.stream is Stream.COMM else busiest_compute
         for d in e.devices:
             acc[d] += e.end - e.start
     upd_events = []
@@ -298,12 +235,13 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
                           f"which has {format_quantity(cap, Dimension.BYTES)}{limit}")
             break
     return CostReport(step, max(busiest_compute, default=0.0), max(busiest_comm, default=0.0), tuple(memory),
-                      tuple(costs), tuple(events) + tuple(upd_events), infeasible)
+                      tuple(costs), tuple(events) + tuple(upd_events), infeasible, tuple(round(b) for b in sent))
 
 
 LOSS_NODE = -2
-"""The node of the loss event (the update's is -1): the runtime's fixed work per step
-between forward and backward, measured by the profile (``loss_s``)."""
+"""The node of the loss events (the update's is -1): gathering the output's pieces the loss
+needs together (``NodeCost.comm_loss``), then the runtime's fixed work per step between
+forward and backward, measured by the profile (``loss_s``)."""
 
 
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
@@ -315,23 +253,30 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
     free_comm: dict[int, float] = {}
     events: list[Event] = []
     ready = [0.0] * len(pcg)
+    loss_devs, loss_s = loss
+
+    def busy(i: int, phase: str, parts: Sequence[tuple[float, bool]], start: float) -> float:
+        """Events one after another on the compute stream of node ``i``'s devices (``(seconds,
+        communication?)``: the runtime moves a step's data, then runs its kernel, or the
+        reverse backward); returns when the last ends."""
+        t = start
+        for dur, comm in parts:
+            if dur > 0:
+                events.append(Event(i, phase, Stream.COMPUTE, devs[i] if i >= 0 else loss_devs, t, t + dur, comm))
+                t += dur
+        for d in devs[i] if i >= 0 else loss_devs:
+            free_compute[d] = max(free_compute.get(d, 0.0), t)
+        return t
+
     for i, n in pcg:
         c = costs[i]
-        dur = c.compute_fwd + c.comm_fwd
         start = max([ready[r.node] for r in n.inputs] + [free_compute.get(d, 0.0) for d in devs[i]], default=0.0)
-        if dur > 0:
-            events.append(Event(i, "fwd", Stream.COMPUTE, devs[i], start, start + dur))
-            for d in devs[i]:
-                free_compute[d] = start + dur
-        ready[i] = start + dur
+        ready[i] = busy(i, "fwd", ((c.comm_fwd, True), (c.compute_fwd, False)), start)
     fwd_end = max(ready, default=0.0)
-    loss_devs, loss_s = loss
-    if loss_s > 0 and loss_devs:
+    gather = sum(c.comm_loss for c in costs)
+    if (loss_s > 0 or gather > 0) and loss_devs:
         start = max([fwd_end] + [free_compute.get(d, 0.0) for d in loss_devs])
-        events.append(Event(LOSS_NODE, "loss", Stream.COMPUTE, loss_devs, start, start + loss_s))
-        for d in loss_devs:
-            free_compute[d] = start + loss_s
-        fwd_end = start + loss_s
+        fwd_end = busy(LOSS_NODE, "loss", ((gather, True), (loss_s, False)), start)
     grad_ready = [fwd_end] * len(pcg)
     for i in range(len(pcg) - 1, -1, -1):
         n, c = pcg.nodes[i], costs[i]
@@ -344,23 +289,12 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
                 free_comm[d] = s + c.grad_sync
             grad_ready[i] = s + c.grad_sync
             continue
-        dur = c.compute_bwd + c.comm_bwd
-        if dur > 0 and layout[i] is None:
+        if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:
             s = max([start] + [free_compute.get(d, 0.0) for d in devs[i]])
-            events.append(Event(i, "bwd", Stream.COMPUTE, devs[i], s, s + dur))
-            for d in devs[i]:
-                free_compute[d] = s + dur
-            grad_ready[i] = s + dur
+            grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:
             grad_ready[i] = start
     return events
-
-
-def stored_layout(pcg: PCG, layout: Sequence[int | None], i: int) -> bool:
-    """Whether layout node ``i`` is the end of its chain, kept for the step: something other
-    than a layout reads it, the graph returns it, or nothing reads it at all."""
-    users = pcg.consumers[i]
-    return any(layout[u] is None for u, _ in users) or not users or any(r.node == i for r in pcg.outputs)
 
 
 def _stored(pcg: PCG, layout: Sequence[int | None]) -> list[bool]:
@@ -396,18 +330,22 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     """Optimizer update: a streaming pass over each device's weights, grads and state."""
     t = [0.0] * cluster.num_devices
     stored = _stored(pcg, layout)
-    passes = 3 + 2 * config.optimizer.states     # read w, g, states; write w, states
     for i, n in pcg:
         src = layout[i]
         if not stored[i] or src is None:
             continue
         w = pcg.nodes[src].op
         if isinstance(w, WeightAttrs) and w.trainable:
-            nbytes = n.outputs[0].piece.numel * 4 * passes
             for d in devs[i]:
-                device = cluster.device_type(d)
-                t[d] += nbytes / device.memory_bandwidth
-                if config.profile is not None:
-                    t[d] += config.profile.update_overhead(device, config.optimizer.value)
+                t[d] += update_seconds(n.outputs[0].piece.numel, cluster.device_type(d), config)
+    return t
+
+
+def update_seconds(numel: int, device, config: CostConfig) -> float:
+    """The optimizer's update of one stored weight piece of ``numel`` elements on ``device``."""
+    passes = 3 + 2 * config.optimizer.states     # read w, g, states; write w, states
+    t = numel * 4 * passes / device.memory_bandwidth
+    if config.profile is not None:
+        t += config.profile.update_overhead(device, config.optimizer.value)
     return t
 

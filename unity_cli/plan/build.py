@@ -27,6 +27,7 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     chosen = result.chosen
     predicted = report_summary(chosen.report, chosen.baseline.devices)
     predicted["memory_bytes"] = list(chosen.report.memory)
+    predicted["comm_bytes"] = list(chosen.report.comm_bytes)   # sent per device per step (cost.moves)
     model_info = {
         "path": Path(model.path).as_posix(),
         "sha256": model.sha256,
@@ -34,11 +35,13 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
         "outputs": list(model.outputs),
         "batch_size": model.batch_size,
     }
-    baselines = {name: report_summary(c.report, c.baseline.devices) for name, c in sorted(result.candidates.items())}
+    baselines = {name: {**report_summary(c.report, c.baseline.devices), "description": c.baseline.description}
+                 for name, c in sorted(result.candidates.items())}
     search = dict(search or {})
+    search["cut_by_budget"] = result.cut_by_budget   # only then may the plan depend on the machine's speed
     if result.stats is not None:  # only what does not depend on the machine's speed
         search.update(candidates=result.stats.candidates, expanded=result.stats.expanded,
-                      rules_applied=result.stats.rules_applied, finished=not result.stats.timed_out,
+                      rules_applied=result.stats.rules_applied,
                       converged=result.stats.converged,
                       capped=result.stats.capped, segments=result.stats.segments,
                       segment_problems=result.stats.segment_problems)

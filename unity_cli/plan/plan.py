@@ -33,7 +33,7 @@ class Plan:
     strategy: str
     pcg: PCG
     views: tuple[MachineView, ...]
-    predicted: dict[str, Any]      # step_time_ms, compute_ms, comm_ms, memory_bytes
+    predicted: dict[str, Any]      # step_time_ms, compute_ms, comm_ms, memory_bytes, [comm_bytes]
     baselines: dict[str, dict[str, Any]]
     rewrites: tuple[dict[str, Any], ...] = ()
     search: dict[str, Any] = field(default_factory=dict)
@@ -74,6 +74,13 @@ class Plan:
     @property
     def devices(self) -> int:
         return devices_used(self.pcg, self.views)
+
+    @property
+    def comm_bytes(self) -> list[int] | None:
+        """The bytes of tensor data each device sends per training step, as predicted when the
+        plan was made (None for plans made before plans recorded them)."""
+        got = self.predicted.get("comm_bytes")
+        return [int(b) for b in got] if isinstance(got, list) else None
 
 
 def shape_to_json(s: ParallelTensorShape) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def build_diagram(plan: Plan, config: CostConfig, collapse: bool | None = None, 
         ops[i] = OpView(i, n.name, node_label(pcg, i), n.kind, op_label(n.op), category(shape, batch),
                         shape_label(shape), tuple(sorted(set(v.devices(shape)))),
                         f"start {v.start}, strides {','.join(map(str, v.strides))}",
-                        (c.compute_fwd + c.compute_bwd) * 1e3, (c.comm_fwd + c.comm_bwd + c.grad_sync) * 1e3,
+                        (c.compute_fwd + c.compute_bwd) * 1e3, c.comm * 1e3,
                         n.spec.is_parallel_op, weights,
                         tuple(at.get(n.name, ())) if n.name else () if n.spec.is_parallel_op else lost)
         edges += [(r.node, i) for r in n.inputs if r.node not in hidden]

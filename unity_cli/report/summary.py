@@ -80,6 +80,10 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
         mem = fmt_bytes(b["max_memory_bytes"]) + ("" if b["feasible"] else " (too big)")
         lines.append(f"{mark} {name:<24}{b['devices']:>8}{fmt_ms(b['step_time_ms']):>13}"
                      f"{fmt_ms(b['compute_ms']):>12}{fmt_ms(b['comm_ms']):>12}{mem:>15}  {speed:>6}")
+    # What each uniform hybrid row is (which tp=T,dp=D, which ops stayed replicated in their group).
+    lines += [f"  {b['description']}" if b["description"].startswith(name) else f"  {name}: {b['description']}"
+              for name, b in plan.baselines.items()
+              if (name == "hybrid" or name.startswith("tp=")) and b.get("description")]
     p = plan.predicted
     cap = min(plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices))
     cap = min(cap, plan.config.get("memory_limit_bytes", cap))

@@ -30,11 +30,13 @@ LABEL_W, PLOT_W, LANE_C, LANE_M, ROW_GAP, AXIS_H = 170.0, 900.0, 16.0, 10.0, 10.
 
 
 def event_kind(e: Event, report: CostReport) -> str:
-    """What an event is, for its colour: parallel ops are communication on either stream."""
+    """What an event is, for its colour: moving data is communication on either stream (the
+    loss's gathering counts as forward communication, as ``unity run`` times it)."""
+    if e.phase == "loss" and e.comm:
+        return "comm-fwd"
     if e.phase in ("loss", "sync", "update"):
         return e.phase
-    c = report.nodes[e.node]
-    comm = e.stream is Stream.COMM or c.comm_fwd + c.comm_bwd > 0
+    comm = e.stream is Stream.COMM or e.comm
     return f"{'comm' if comm else 'compute'}-{e.phase}"
 
 

@@ -8,6 +8,7 @@ step sends and receives is worked out once, when the executor is built, from the
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..cluster.machine_view import MachineView
+from ..cost.schedule import read_shape
 from ..errors import RunError
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import piece_attrs, piece_region
@@ -23,7 +25,7 @@ from . import kernels
 from .comm import Comm, make_comm
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
-from .phases import StepClock, TimedComm
+from .phases import Buf, ByteCounter, StepClock, TimedComm, count_call
 from .program import LOCAL, Assemble, Collective, CollectiveKind, Program, Read, Step, StepKind, Task, build_program
 from .weights import ParamStore
 
@@ -56,6 +58,11 @@ class _Mine:
     remote: frozenset[int] = frozenset()             # the reads that ``recv`` brings (set once planned)
     send: list[tuple[int, Read]] = field(default_factory=list)                     # (dest, read)
     colls: list[Collective] = field(default_factory=list)
+    # backward: the gradients of my remote reads I send back, of my pieces others read I
+    # receive, and the collectives whose gradient flows (all only where a gradient is needed)
+    grad_send: list[tuple[int, int, tuple[int, ...], Any]] = field(default_factory=list)  # recv entries
+    grad_recv: list[tuple[int, Read]] = field(default_factory=list)                       # send entries
+    colls_back: list[Collective] = field(default_factory=list)
     covered: set[int] = field(default_factory=set)   # reads of my task a collective supplies
     gather: tuple[int, int, int] | None = None        # Gather of a split table: (offset, rows, table rows)
     attrs: Any = None
@@ -94,47 +101,10 @@ class Executor:
     # -- planning ------------------------------------------------------------------
 
     def _plan_step(self, k: int, step: Step) -> _Mine:
-        p, me = self.p, self.me
-        node = p.pcg.nodes[step.node]
-        active = any(TensorRef(step.node, j) in p.has_grad for j in range(len(node.outputs)))
-        m = _Mine(step, k % 30000, active)
-        m.colls = [c for c in step.collectives if me in c.group]
-        covered_all = {(ti, ri) for c in step.collectives for ti, ri in c.covered}
-        for ti, t in enumerate(step.tasks):
-            for ri, rd in enumerate(t.reads):
-                if (ti, ri) in covered_all or rd.src in (LOCAL, t.rank):
-                    continue
-                if t.rank == me:
-                    m.recv.append((ri, rd.src, self._read_shape(rd), self._dtype(rd.ref)))
-                elif rd.src == me:
-                    m.send.append((t.rank, rd))
-            if t.rank == me:
-                m.task, m.ti = t, ti
-                m.covered = {ri for tj, ri in covered_all if tj == ti}
-        if step.kind is StepKind.COMPUTE:
-            m.attrs = piece_attrs(node)
-            if node.kind == "Gather" and m.task is not None:
-                m.gather = self._gather_shift(step.node, m.task)
-        m.remote = frozenset(ri for ri, *_ in m.recv)
-        m.free = [ref for ref, last in p.last_read.items()
-                  if last == k and ref != p.output and p.layout[ref.node] is None]
-        return m
-
-    def _gather_shift(self, i: int, t: Task) -> tuple[int, int, int] | None:
-        """A table split along the gathered axis: this piece holds rows offset..offset+rows."""
-        n = self.p.pcg.nodes[i]
-        table = self.p.pcg.shape(n.inputs[0])
-        axis = n.op.axis
-        if table.degrees[axis] == 1:
-            return None
-        rows = table.piece.dims[axis]
-        return t.reads[0].coord[axis] * rows, rows, table.sizes[axis]
+        return plan_step(self.p, self.me, k, step)
 
     def _read_shape(self, rd: Read) -> tuple[int, ...]:
-        dims = self.p.pcg.shape(rd.ref).piece.dims
-        if rd.region is None:
-            return dims
-        return tuple(len(range(*s.indices(d))) for s, d in zip(rd.region, dims, strict=True))
+        return read_shape(self.p.pcg, rd)
 
     def _dtype(self, ref: TensorRef) -> Any:
         return self.p.pcg.shape(ref).dtype.numpy
@@ -409,16 +379,12 @@ class Executor:
                     case Assemble.SUM:
                         read_grads = [g] * len(t.reads)
         sends, recvs = [], []
-        if t is not None:
-            for ri, src, shape, dtype in m.recv:
-                rd = t.reads[ri]
-                if rd.ref in p.has_grad:
-                    g = read_grads[ri]
-                    sends.append((src, xp.ascontiguousarray(g) if g is not None else xp.zeros(shape, dtype=dtype)))
-        for dst, rd in m.send:
-            if rd.ref in p.has_grad:
-                buf = xp.empty(self._read_shape(rd), dtype=self._dtype(rd.ref))
-                recvs.append((dst, buf, rd))
+        for ri, src, shape, dtype in m.grad_send:
+            g = read_grads[ri]
+            sends.append((src, xp.ascontiguousarray(g) if g is not None else xp.zeros(shape, dtype=dtype)))
+        for dst, rd in m.grad_recv:
+            buf = xp.empty(self._read_shape(rd), dtype=self._dtype(rd.ref))
+            recvs.append((dst, buf, rd))
         if sends or recvs:
             self.comm.exchange(sends, [(d, b) for d, b, _ in recvs], m.tag)
         for _, buf, rd in recvs:
@@ -429,15 +395,13 @@ class Executor:
                 if ri in remote or ri in m.covered or rd.src == LOCAL or rd.ref not in p.has_grad:
                     continue
                 self._accumulate(rd.ref, read_grads[ri], rd.region)
-        for c in reversed(m.colls):
+        for c in reversed(m.colls_back):
             self._collective_backward(m, c, read_grads)
 
     def _collective_backward(self, m: _Mine, c: Collective, read_grads: list[Any]) -> None:
         xp = self.xp
         tasks = m.step.tasks
         rd = tasks[c.covered[0][0]].reads[c.covered[0][1]]
-        if rd.ref not in self.p.has_grad:
-            return
         match c.kind:
             case CollectiveKind.BCAST:
                 buf = xp.zeros(self._read_shape(rd), dtype=self._dtype(rd.ref))
@@ -462,12 +426,12 @@ class Executor:
     def _fused_backward(self, m: _Mine) -> None:
         xp = self.xp
         src = m.step.source
-        if src not in self.p.has_grad:
+        if not m.colls_back:
             return
         g = self.grads.pop(TensorRef(m.step.node), None)
         dims = self.p.pcg.shape(src).piece.dims
         dtype = self._dtype(src)
-        for c in m.colls:
+        for c in m.colls_back:
             if c.kind is CollectiveKind.ALLREDUCE:
                 buf = xp.array(g, copy=True, order="C") if g is not None else xp.zeros(dims, dtype=dtype)
                 self.comm.allreduce(c.group, buf)
@@ -491,3 +455,139 @@ class _Summed:
 
 def _region_shape(region: Any) -> tuple[int, ...]:
     return tuple(s.stop - s.start for s in region)
+
+
+def plan_step(p: Program, me: int, k: int, step: Step) -> _Mine:
+    """What rank ``me`` does in step ``k`` of a program: its task, what it sends and
+    receives, forward and backward, and the collectives it is in (worked out once)."""
+    pcg = p.pcg
+    node = pcg.nodes[step.node]
+    active = any(TensorRef(step.node, j) in p.has_grad for j in range(len(node.outputs)))
+    m = _Mine(step, k % 30000, active)
+    m.colls = [c for c in step.collectives if me in c.group]
+    covered_all = {(ti, ri) for c in step.collectives for ti, ri in c.covered}
+    for ti, t in enumerate(step.tasks):
+        for ri, rd in enumerate(t.reads):
+            if (ti, ri) in covered_all or rd.src in (LOCAL, t.rank):
+                continue
+            if t.rank == me:
+                m.recv.append((ri, rd.src, read_shape(pcg, rd), pcg.shape(rd.ref).dtype.numpy))
+            elif rd.src == me:
+                m.send.append((t.rank, rd))
+        if t.rank == me:
+            m.task, m.ti = t, ti
+            m.covered = {ri for tj, ri in covered_all if tj == ti}
+    if active:
+        if m.task is not None:
+            m.grad_send = [e for e in m.recv if m.task.reads[e[0]].ref in p.has_grad]
+        m.grad_recv = [(dst, rd) for dst, rd in m.send if rd.ref in p.has_grad]
+        if step.kind is StepKind.FUSED:
+            m.colls_back = list(m.colls) if step.source in p.has_grad else []
+        else:
+            m.colls_back = [c for c in m.colls if step.tasks[c.covered[0][0]].reads[c.covered[0][1]].ref in p.has_grad]
+    if step.kind is StepKind.COMPUTE:
+        m.attrs = piece_attrs(node)
+        if node.kind == "Gather" and m.task is not None:
+            m.gather = _gather_shift(p, step.node, m.task)
+    m.remote = frozenset(ri for ri, *_ in m.recv)
+    m.free = [ref for ref, last in p.last_read.items()
+              if last == k and ref != p.output and p.layout[ref.node] is None]
+    return m
+
+
+def _gather_shift(p: Program, i: int, t: Task) -> tuple[int, int, int] | None:
+    """A table split along the gathered axis: this piece holds rows offset..offset+rows."""
+    n = p.pcg.nodes[i]
+    table = p.pcg.shape(n.inputs[0])
+    axis = n.op.axis
+    if table.degrees[axis] == 1:
+        return None
+    rows = table.piece.dims[axis]
+    return t.reads[0].coord[axis] * rows, rows, table.sizes[axis]
+
+
+# -- what a rank sends, without running it -----------------------------------------------------
+
+
+def planned_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
+    """The data-plane calls rank ``me`` of ``size`` makes in one training step, in order, as
+    ``(Comm method, its arguments)`` with :class:`~.phases.Buf` standing for each array:
+    what :class:`Executor` and :class:`~.weights.ParamStore` post, from the same plans."""
+    pcg = p.pcg
+    mine = [plan_step(p, me, k, s) for k, s in enumerate(p.steps)]
+    calls: list[tuple[str, tuple]] = []
+
+    def nbytes(shape: tuple[int, ...], ref: TensorRef) -> Buf:
+        return Buf(math.prod(shape) * pcg.shape(ref).dtype.itemsize)
+
+    def piece(ref: TensorRef) -> Buf:
+        return nbytes(pcg.shape(ref).piece.dims, ref)
+
+    for m in mine:
+        if m.recv or m.send:
+            calls.append(("exchange", ([(dst, nbytes(read_shape(pcg, rd), rd.ref)) for dst, rd in m.send],
+                                       [(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
+                                        for _, src, shape, dt in m.recv], m.tag)))
+        if m.step.kind is StepKind.FUSED:
+            src = m.step.source
+            for c in m.colls:
+                if c.kind is CollectiveKind.ALLREDUCE:
+                    calls.append(("allreduce", (c.group, piece(src))))
+                else:
+                    calls.append(("allgather", (c.group, piece(src), Buf(len(c.group) * piece(src).nbytes))))
+            continue
+        for c in m.colls:
+            rd = m.step.tasks[c.covered[0][0]].reads[c.covered[0][1]]
+            name = "bcast" if c.kind is CollectiveKind.BCAST else "reduce"
+            calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
+    out = p.output
+    lead = next((g for g in p.loss_groups if g.leader == me), None)
+    member = next((g for g in p.loss_groups for r, _, _ in g.members if r == me), None)
+    sends = [(member.leader, piece(out))] if member is not None and member.leader != me else []
+    recvs = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None else []
+    calls.append(("exchange", (sends, recvs, LOSS_TAG)))
+    grad = out in p.has_grad
+    gsends = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None and grad else []
+    grecvs = [(member.leader, piece(out))] if grad and member is not None and member.leader != me else []
+    calls.append(("exchange", (gsends, grecvs, GRAD_TAG)))
+    if size > 1:
+        calls.append(("sum_host", (0.0,)))
+    for m in reversed(mine):
+        if not m.active:
+            continue
+        if m.step.kind is StepKind.FUSED:
+            src = m.step.source
+            for c in m.colls_back:
+                if c.kind is CollectiveKind.ALLREDUCE:
+                    calls.append(("allreduce", (c.group, piece(src))))
+                else:
+                    calls.append(("reduce_scatter", (c.group, Buf(len(c.group) * piece(src).nbytes), piece(src))))
+            continue
+        if m.grad_send or m.grad_recv:
+            calls.append(("exchange", ([(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
+                                        for _, src, shape, dt in m.grad_send],
+                                       [(dst, nbytes(read_shape(pcg, rd), rd.ref)) for dst, rd in m.grad_recv], m.tag)))
+        for c in reversed(m.colls_back):
+            task = m.step.tasks[c.covered[0][0]]
+            rd = task.reads[c.covered[0][1]] if c.kind is CollectiveKind.BCAST else \
+                next(r for r in task.reads if r.src == me)
+            name = "reduce" if c.kind is CollectiveKind.BCAST else "bcast"
+            calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
+    # ParamStore.update: one all-reduce per group, of its weights' master regions, flat
+    plans = [pl for pl in p.params if me in pl.master]
+    for group in p.groups:
+        members = [pl for pl in plans if pl.group[me] == group]
+        if members and len(group) > 1:
+            total = sum(math.prod(s.stop - s.start for s in pl.master[me]) *
+                        pcg.nodes[pl.node].outputs[0].dtype.itemsize for pl in members)
+            calls.append(("allreduce", (group, Buf(total))))
+    return calls
+
+
+def planned_sent(p: Program, me: int, size: int) -> ByteCounter:
+    """The bytes rank ``me`` sends in a training step, counted as :class:`~.phases.TimedComm`
+    counts the real calls."""
+    counter = ByteCounter()
+    for name, args in planned_calls(p, me, size):
+        count_call(counter, name, me, size, args)
+    return counter

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ class RunReport:
     warnings: list[str] = field(default_factory=list)
     phases_ms: dict[str, float] = field(default_factory=dict)            # measured, mean over ranks
     predicted_phases_ms: dict[str, float] = field(default_factory=dict)  # the cost model's, mean over devices
+    sent_bytes: list[int] = field(default_factory=list)            # per rank: bytes of tensor data sent per step
+    predicted_sent_bytes: list[int] = field(default_factory=list)  # per device, from the plan (cost.moves)
 
     @property
     def measured_ms(self) -> float:
@@ -85,6 +87,7 @@ class RunReport:
             "measured_step_time_ms": self.measured_ms, "predicted_step_time_ms": self.predicted_ms,
             "ratio": self.ratio, "warnings": self.warnings,
             "phases_ms": {"measured": self.phases_ms, "predicted": self.predicted_phases_ms},
+            "comm_bytes": {"measured": self.sent_bytes, "predicted": self.predicted_sent_bytes},
         }
         if self.check is not None:
             out["check"] = self.check
@@ -106,6 +109,8 @@ class RunReport:
         if self.phases_ms:
             lines += [f"{'phases' if k == 0 else '':<9}{row}"
                       for k, row in enumerate(phase_table(self.phases_ms, self.predicted_phases_ms))]
+        if self.sent_bytes:
+            lines += _bytes_lines(self.sent_bytes, self.predicted_sent_bytes)
         if self.check is not None:
             state = "passed" if self.check["passed"] else "FAILED"
             lines.append(f"check    {state}: max relative error {self.check['max_rel_err']:.2e} "
@@ -114,6 +119,20 @@ class RunReport:
             lines.append(f"saved    {self.saved}")
         lines += [f"warning  {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def _bytes_lines(measured: list[int], predicted: list[int]) -> list[str]:
+    """Bytes of tensor data sent per step by each rank (the first 8, then the total), measured
+    at the communicator and predicted from the plan."""
+    shown = 8
+    width = max(len(f"{b:,}") for b in measured + predicted)
+
+    def row(values: list[int]) -> str:
+        more = " ..." if len(values) > shown else ""
+        return " ".join(f"{b:>{width},}" for b in values[:shown]) + more + f"  total {sum(values):,}"
+    same = "equal" if measured == predicted else "they DIFFER"
+    return [f"bytes    measured  {row(measured)}  (sent per step, by rank)",
+            f"bytes    predicted {row(predicted)}  ({same})"]
 
 
 @dataclass
@@ -230,13 +249,14 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
     return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
 
 
-def _predicted_phases(plan: Plan) -> dict[str, float]:
-    """The plan's step simulated again (with its profile, when it is still there), per phase."""
+def _predicted(plan: Plan, loss: LossKind) -> tuple[dict[str, float], list[int]]:
+    """The plan's step simulated again (with its profile, when it is still there) for the loss
+    this run trains with: its phases and the bytes each device sends."""
     from ..cost.model import estimate  # noqa: PLC0415
     from ..report.summary import plan_config  # noqa: PLC0415
 
-    report = estimate(plan.pcg, plan.views, plan.cluster, plan_config(plan))
-    return predicted_phases_ms(report, plan.cluster.num_devices)
+    report = estimate(plan.pcg, plan.views, plan.cluster, replace(plan_config(plan), loss=loss.value))
+    return predicted_phases_ms(report, plan.cluster.num_devices), list(report.comm_bytes)
 
 
 def _fault_step(rank: int) -> int | None:
@@ -281,6 +301,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     job.executor.clock = None
     all_times = comm.allgather_obj(times)
     phases = mean_over_ranks(comm.allgather_obj(clock.medians_ms()))
+    sent = comm.allgather_obj(clock.sent)            # per rank, per step (exact fractions)
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
     final = job.params.gather(0) if opts.save else {}
     failure = None
@@ -293,9 +314,13 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     if opts.save:
         save_trained(job.model, opts.save, final)
         saved = opts.save
+    predicted_phases, predicted_sent = _predicted(job.plan, job.loss)
+    warnings = list(job.warnings)
+    if any(len(set(steps)) > 1 for steps in sent):
+        warnings.append("the bytes sent differ from step to step (the last step's are shown)")
     report = RunReport(opts.plan, job.plan.strategy, comm.size, job.backend, job.loss.value,
                        job.optimizer.kind.value, job.optimizer.lr, opts.steps, losses, step_ms,
                        float(job.plan.predicted.get("step_time_ms", 0.0)),
-                       check.to_json() if check is not None else None, saved, job.warnings,
-                       phases, _predicted_phases(job.plan))
+                       check.to_json() if check is not None else None, saved, warnings,
+                       phases, predicted_phases, [round(steps[-1]) for steps in sent], predicted_sent)
     return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)

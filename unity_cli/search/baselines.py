@@ -3,12 +3,19 @@
 * ``data_parallel``: the batch dim is split over the devices (a batch smaller than the
   device count uses fewer devices), weights are replicated and their gradients
   all-reduced.
-* ``tensor_parallel``: Megatron-style within a node: a Linear/MatMul/Conv whose input is
-  whole is split by output columns (channels), and the next one, whose input then
-  arrives split along its contracted dim, by rows, ending in a Reduction; embedding
-  tables are split by rows; data parallel across nodes.
+* ``hybrid(tp, dp)``: the uniform Megatron-style hybrid. Tensor parallelism of degree
+  ``tp`` inside groups of ``tp`` consecutive devices (inside a node when ``tp`` divides
+  its devices), data parallelism of degree ``dp`` across the groups. A Linear/MatMul/
+  Gemm/Conv whose input is whole is split by output columns (channels); the next one,
+  whose input then arrives split along its contracted dim, by rows, ending in a
+  Reduction; embedding tables (Gather on axis 0 of a weight) are split by rows. Where a
+  width does not divide ``tp`` another legal split is tried (rows instead of columns, or
+  a smaller divisor of ``tp``); an op that cannot split at all stays replicated in its
+  group, and the description says which.
+* ``tensor_parallel``: the hybrid with ``tp`` = the devices of the smallest node and
+  ``dp`` across nodes.
 
-Both are built by one propagation pass: each operator takes the first legal split from a
+All are built by one propagation pass: each operator takes the first legal split from a
 policy's list of candidates, and parallel ops are inserted wherever an input's layout
 differs from what that split needs. Whatever cannot be split runs replicated, so every
 model gets a valid plan.
@@ -19,7 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..cluster.spec import ClusterSpec
-from ..errors import ShapeError
+from ..cost.model import layout_sources
+from ..errors import ShapeError, UsageError
 from ..ir.ops.conv import ConvAttrs
 from ..ir.ops.gather_reduce import GatherAttrs
 from ..ir.ops.linear import GemmAttrs, MatMulAttrs
@@ -34,6 +42,8 @@ from .reshard import reshard
 Candidate = tuple[tuple[int, ...], int]
 """A split of one operator: the degrees of its output dims and of its contracted dim."""
 
+Policy = Callable[[Node, Sequence[ParallelTensorShape], Sequence[bool]], list[Candidate]]
+
 
 @dataclass(frozen=True)
 class Baseline:
@@ -41,10 +51,16 @@ class Baseline:
     pcg: PCG
     devices: int
     description: str
+    replicated: tuple[str, ...] = ()   # weighted ops a tensor-parallel policy left whole in their group
 
 
 def largest_divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def data_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
@@ -59,24 +75,117 @@ def data_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
 
 
 def tensor_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
-    per_node = min(n.devices for n in cluster.nodes)
-    batch = batch_size(pcg)
-    dp = largest_divisor_at_most(batch, len(cluster.nodes))
-    tp = per_node
-    total = dp * tp
+    """Megatron within each node (the smallest node's devices), data parallel across nodes."""
+    tp = min(n.devices for n in cluster.nodes)
+    dp = largest_divisor_at_most(batch_size(pcg), len(cluster.nodes))
+    g, replicated, note = _megatron(pcg, tp, dp)
+    return Baseline("tensor_parallel", g, tp * dp,
+                    f"tensor parallel {tp} ways within each node, data parallel {dp} ways across nodes{note}",
+                    replicated)
 
+
+def hybrid(pcg: PCG, tp: int, dp: int) -> Baseline:
+    """The uniform ``tp=T,dp=D`` hybrid on ``T*D`` devices (see the module docstring); the
+    default views put each tensor-parallel group on ``T`` consecutive devices."""
+    if tp < 1 or dp < 1:
+        raise ShapeError(f"tp={tp},dp={dp}: degrees must be positive")
+    g, replicated, note = _megatron(pcg, tp, dp)
+    name = hybrid_name(tp, dp)
+    across = f", data parallel {dp} ways across them" if dp > 1 else ", one group"
+    what = f"data parallel {dp} ways" if tp == 1 else \
+        f"tensor parallel {tp} ways in groups of {tp} consecutive devices{across}"
+    return Baseline(name, g, tp * dp, f"{name}: {what}{note}", replicated)
+
+
+def hybrid_name(tp: int, dp: int) -> str:
+    return f"tp={tp},dp={dp}"
+
+
+def hybrid_degrees(devices: int, batch: int) -> list[tuple[int, int]]:
+    """Every uniform hybrid ``(tp, dp)`` with ``tp * dp = devices`` whose ``dp`` divides the
+    batch, ``tp`` ascending. Any divisor, not only powers of two (30 = 5 x 6)."""
+    return [(devices // d, d) for d in reversed(divisors(devices)) if batch % d == 0]
+
+
+def is_hybrid(strategy: str) -> bool:
+    """Whether a ``--strategy`` value is meant as ``tp=T,dp=D`` (and not a strategy's name)."""
+    return "=" in strategy
+
+
+def parse_hybrid(strategy: str, devices: int) -> tuple[int, int]:
+    """``(tp, dp)`` of ``--strategy tp=T,dp=D``; a UsageError naming the option and the
+    device count when it is malformed or ``T*D`` is not the cluster's device count."""
+    t = max(d for d in divisors(devices) if d * d <= devices)
+    usage = (f"--strategy {strategy!r}: expected tp=T,dp=D with T*D = {devices} (the cluster's device count), "
+             f"e.g. tp={t},dp={devices // t}")
+    values: dict[str, int] = {}
+    for part in strategy.split(","):
+        key, sep, value = part.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or key not in ("tp", "dp") or key in values or not value.isdigit() or int(value) < 1:
+            raise UsageError(usage)
+        values[key] = int(value)
+    if set(values) != {"tp", "dp"}:
+        raise UsageError(usage)
+    tp, dp = values["tp"], values["dp"]
+    if tp * dp != devices:
+        raise UsageError(f"--strategy {strategy}: tp*dp = {tp * dp}, but the cluster has {devices} devices "
+                         f"(T*D must equal it, e.g. tp={t},dp={devices // t})")
+    return tp, dp
+
+
+def _megatron(pcg: PCG, tp: int, dp: int) -> tuple[PCG, tuple[str, ...], str]:
+    """The hybrid's graph, the weighted ops it left replicated and a note saying so."""
     def candidates(node: Node, shapes: Sequence[ParallelTensorShape], weights: Sequence[bool]) -> list[Candidate]:
         follow = _follow(node, shapes, weights)
-        out = []
-        split = _weighted_split(node, shapes, weights, tp, follow)
-        out.extend(split)
-        out.append((follow, _contracted(node, shapes)))
-        out.append((follow, 1))
-        return out
+        batch_only = follow[:1] + (1,) * (len(follow) - 1)  # a split the op cannot take on a feature dim
+        return _weighted_split(node, shapes, weights, tp, follow) + \
+            [(follow, _contracted(node, shapes)), (follow, 1), (batch_only, 1)]
 
-    g = propagate(pcg, total, dp, candidates)
-    return Baseline("tensor_parallel", g, total,
-                    f"tensor parallel {tp} ways within each node, data parallel {dp} ways across nodes")
+    g = propagate(pcg, tp * dp, dp, candidates)
+    if tp == 1:
+        return g, (), ""
+    splits = weighted_splits(g)
+    whole = tuple(name for name, d in splits if d == 1)
+    fewer = [(name, d) for name, d in splits if 1 < d < tp]
+    if not splits:
+        note = "; no weighted op to split"
+    elif not whole and not fewer:
+        note = f"; all {len(splits)} weighted ops split {tp} ways"
+    else:
+        parts = []
+        if whole:
+            parts.append(f"{len(whole)} of {len(splits)} weighted ops stayed replicated in their group "
+                         f"({_names(whole)})")
+        if fewer:
+            parts.append(f"{len(fewer)} split fewer than {tp} ways ({_names([f'{n} {d}' for n, d in fewer])})")
+        note = "; " + "; ".join(parts)
+    return g, whole, note
+
+
+def _names(names: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def weighted_splits(g: PCG) -> list[tuple[str, int]]:
+    """For every op a tensor-parallel policy would split (a Linear/MatMul/Gemm/Conv reading a
+    trainable weight, an embedding lookup), its name and how many shards its weight has."""
+    out = []
+    layout = layout_sources(g)
+    for _, n in g:
+        if isinstance(n.op, MatMulAttrs | GemmAttrs | ConvAttrs):
+            slots = list(range(min(2, len(n.inputs))))
+        elif isinstance(n.op, GatherAttrs) and n.op.axis == 0:
+            slots = [0]
+        else:
+            continue
+        for k in slots:
+            src = layout[n.inputs[k].node]
+            if src is not None and isinstance(g.nodes[src].op, WeightAttrs) and g.nodes[src].op.trainable:
+                out.append((n.name or n.kind, g.shape(n.inputs[k]).shard_degree))
+                break
+    return out
 
 
 STRATEGIES: dict[str, Callable[[PCG, ClusterSpec], Baseline]] = {
@@ -115,11 +224,14 @@ def _contracted(node: Node, shapes: Sequence[ParallelTensorShape]) -> int:
 
 def _weighted_split(node: Node, shapes: Sequence[ParallelTensorShape], weights: Sequence[bool], tp: int,
                     follow: tuple[int, ...]) -> list[Candidate]:
-    """Megatron's choices for an op with a trainable weight: row split if its input arrives
-    split along the contracted dim, else column split."""
+    """Megatron's choices for an op with a trainable weight, in order: a row split if its
+    input arrives split along the contracted dim, else a column split; then, for a width
+    that does not divide ``tp``, the other of the two, and the same with each smaller
+    divisor of ``tp`` (the rest of the group holding replicas)."""
     if tp <= 1 or not any(weights):
         return []
     roles = node.spec.roles(node.op, [s.logical for s in shapes])
+    degrees = divisors(tp)[:0:-1]  # tp first, then smaller degrees; never 1
     if isinstance(node.op, MatMulAttrs | GemmAttrs | ConvAttrs):
         data = [i for i, w in enumerate(weights) if not w and i < 2]
         wi = [i for i, w in enumerate(weights) if w and i < 2]
@@ -128,22 +240,29 @@ def _weighted_split(node: Node, shapes: Sequence[ParallelTensorShape], weights: 
         x = shapes[data[0]]
         k_split = max((d.degree for d, r in zip(x.dims, roles[data[0]], strict=True) if r == SUM), default=1)
         base = tuple(1 if j != 0 else g for j, g in enumerate(follow))
-        if k_split == tp:
-            return [(base, tp)]
-        w_roles = roles[wi[0]]
-        col = [r for r in w_roles if r not in (SUM, WHOLE)]
-        if col:
-            degs = list(base)
-            degs[col[-1]] = tp
-            return [(tuple(degs), 1)]
-        return []
+        col = [r for r in roles[wi[0]] if r not in (SUM, WHOLE)]
+        out: list[Candidate] = [(base, k_split)] if k_split > 1 else []
+        for d in degrees:
+            if col:
+                out.append((_with(base, col[-1], d), 1))
+            out.append((base, d))
+        return out
     if isinstance(node.op, GatherAttrs) and weights[0] and node.op.axis == 0:
-        return [(follow, tp)]
+        col = [r for r in roles[0] if r not in (SUM, WHOLE)]
+        out = []
+        for d in degrees:  # rows (the vocabulary), else the embedding dim
+            out.append((follow, d))
+            if col:
+                out.append((_with(follow, col[-1], d), 1))
+        return out
     return []
 
 
-def propagate(pcg: PCG, pieces: int, batch_split: int,
-               candidates: Callable[[Node, Sequence[ParallelTensorShape], Sequence[bool]], list[Candidate]]) -> PCG:
+def _with(degrees: tuple[int, ...], dim: int, d: int) -> tuple[int, ...]:
+    return degrees[:dim] + (d,) + degrees[dim + 1:]
+
+
+def propagate(pcg: PCG, pieces: int, batch_split: int, candidates: Policy) -> PCG:
     b = GraphBuilder()
     remap: dict[TensorRef, TensorRef] = {}
     trainable = _trainable_sources(pcg)

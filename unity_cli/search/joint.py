@@ -3,13 +3,16 @@
 Every algebraic rewrite and every parallelization is a rule application. Candidates are
 ordered by predicted step time; a candidate is expanded only while it is within
 ``alpha`` of the best found; graphs are deduplicated by canonical hash; the search stops
-when its budget runs out and returns the best plan so far (anytime). It starts from the
+after ``max_candidates`` graphs (a count of work, so the same inputs stop at the same
+candidate on any machine), after ``patience`` candidates without improvement, or, only when
+the caller sets one, at its time ceiling ``budget``; it returns the best plan so far (anytime). It starts from the
 plain graph and from every baseline, so it never returns anything slower than them.
 Ties break on the canonical hash, so the result does not depend on PYTHONHASHSEED.
 """
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +74,7 @@ class JointSearch:
     cluster: ClusterSpec
     config: CostConfig
     rules: Sequence[Rule]
-    budget: float = 30.0
+    budget: float | None = None         # a time ceiling in seconds (None: none)
     max_candidates: int | None = None   # a work budget: unlike seconds, it stops the same way on every machine
     alpha: float = 1.05
     patience: int | None = 150          # stop after this many candidates without improvement (converged)
@@ -83,9 +86,12 @@ class JointSearch:
 
     def __post_init__(self) -> None:
         if not self.degrees:
+            # Any divisor of the device count (6 = 2 x 3, 48 = 8 x 6), never only powers of two.
             n = self.cluster.num_devices
-            self.degrees = tuple(d for d in (2, 4, 8, 16, 32, 64) if d <= n and n % d == 0)
+            self.degrees = tuple(d for d in range(2, n + 1) if n % d == 0)
         self._rules = [(r, False) for r in self.rules] + [(r.reversed(), True) for r in self.rules]
+        # The op kinds each source pattern needs: a rule whose kinds a graph lacks cannot match.
+        self._kinds = [frozenset(n.kind for n in r.src.nodes) for r, _ in self._rules]
 
     def cost(self, pcg: PCG) -> tuple[tuple[MachineView, ...], CostReport]:
         views = default_views(pcg)
@@ -94,7 +100,7 @@ class JointSearch:
     def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
         """The best graph found from ``starts`` (name, graph, the rewrites that made it)."""
         t0 = time.monotonic()
-        deadline = t0 + self.budget
+        deadline = math.inf if self.budget is None else t0 + self.budget
         seen: set[str] = set()
         heap: list = []
         best: Found | None = None
@@ -147,7 +153,10 @@ class JointSearch:
 
     def _neighbours(self, cur: Found, deadline: float):
         g = cur.pcg
-        for rule, reverse in self._rules:
+        present = g.by_kind.keys()
+        for (rule, reverse), kinds in zip(self._rules, self._kinds, strict=True):
+            if not kinds.issubset(present):
+                continue
             if time.monotonic() >= deadline:
                 return
             for m in find_matches(g, rule, limit=self.matches_per_rule):
@@ -192,3 +201,25 @@ def _better(a: Found | None, b: Found) -> Found:
     if len(a.path) != len(b.path):
         return b if len(b.path) < len(a.path) else a
     return b if b.pcg.unordered_hash < a.pcg.unordered_hash else a
+
+
+@dataclass
+class SolvedSearch(JointSearch):
+    """The outer level of Unity's hierarchy: best-first over plain graphs rewritten by the
+    algebraic rules, each priced by the inner parallelization solver (``solver.py``), whose
+    cost tables one run shares, so a rewritten graph prices only the operators it changed.
+    ``solve`` maps a plain graph to its solved graph (None: unsolvable; priced on one device)."""
+
+    solve: Callable[[PCG], PCG | None] | None = None
+
+    def cost(self, pcg: PCG) -> tuple[tuple[MachineView, ...], CostReport]:
+        solved = self.solve(pcg)
+        g = pcg if solved is None else solved
+        views = default_views(g)
+        return views, estimate(g, views, self.cluster, self.config)
+
+    def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
+        """The best solved graph: the search walks plain graphs; the winner is returned solved."""
+        found = super().run(starts)
+        solved = self.solve(found.pcg)
+        return found if solved is None else Found(solved, found.views, found.report, found.start, found.path)

@@ -10,8 +10,14 @@ Dynamic programming over the series-parallel decomposition of the graph (``sp.py
   slower decides);
 * memoized on (subgraph, devices, the views that subgraph depends on).
 
-The objective adds forward+backward compute, collectives and data movement per node;
-the chosen mapping is then costed by the step simulation (``cost.model.estimate``).
+The objective adds, per node, its forward+backward compute and the data it moves, priced by
+the cost model's own :func:`~unity_cli.cost.model.node_cost` (the moves
+``cost.moves.node_moves`` lists: the runtime's reads, collectives, gradient syncs), so the DP
+and the step simulation (``cost.model.estimate``, which then costs the chosen mapping) agree
+on every node. A node's cost needs the views of the nodes it reads (``deps``: its inputs,
+and for a fused Reduction/Combine -> Replicate pair, the pair's input); the DP fixes those
+before it prices the node. A weight kept in several layouts keeps the default view for all
+but the one that carries its gradient sync, so that sync stays a one-node price.
 ``exhaustive_map`` enumerates the same space without the DP, as the tests' oracle.
 """
 from __future__ import annotations
@@ -26,8 +32,7 @@ from dataclasses import dataclass
 
 from ..cluster.machine_view import MachineView, packed_view
 from ..cluster.spec import ClusterSpec
-from ..cost.comm import Collective, collective_time, link_for
-from ..cost.model import CostConfig, CostContext, node_cost
+from ..cost.model import CostConfig, CostContext, NodeCost, node_cost
 from ..ir.opspec import attrs_key
 from ..ir.pcg import PCG
 from .sp import SP, Leaf, Parallel, Series, decompose
@@ -40,6 +45,10 @@ STATE_LIMIT = 4_000
 
 class MappingBudgetExceeded(Exception):
     """The DP would take too long on this graph; the caller keeps the default views."""
+
+
+class MappingOutOfTime(MappingBudgetExceeded):
+    """The DP ran past the caller's time ceiling (a cut that depends on the machine's speed)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -78,7 +87,16 @@ class Mapper:
         self.defaults = default_views(pcg)
         self.sources = {i for i, n in pcg if n.spec.is_source}
         self.nodes = [i for i in range(len(pcg)) if i not in self.sources]
-        self.preds = {i: sorted({r.node for r in pcg.nodes[i].inputs} - self.sources) for i in self.nodes}
+        st = self.ctx.structure
+        # A weight's stored layouts besides the one carrying its sync keep their default view.
+        self.pinned = {r: self.defaults[r] for rs in st.residents.values() for r in rs
+                       if r not in self.sources and r not in st.sync}
+        # preds: the DP nodes whose views a node's cost reads (always its ancestors, so the
+        # series-parallel tree fixes them first); the others' views are constants.
+        self.preds = {i: [p for p in st.deps(i) if p not in self.sources and p not in self.pinned]
+                      for i in self.nodes}
+        self.constant = {i: {p: self.defaults[p] if p in self.sources else self.pinned[p]
+                             for p in st.deps(i) if p in self.sources or p in self.pinned} for i in self.nodes}
         self.succs: dict[int, list[int]] = {i: [] for i in self.nodes}
         for i in self.nodes:
             for p in self.preds[i]:
@@ -87,7 +105,6 @@ class Mapper:
         self._memo: dict = {}
         self._cand: dict = {}
         self._leaf: dict = {}
-        self._edge: dict = {}
         self._relevant: dict = {}
         self.states = 0
 
@@ -100,6 +117,9 @@ class Mapper:
         return self._cand[key]
 
     def _candidates(self, i: int, res: Resources) -> list[MachineView]:
+        if i in self.pinned:
+            v = self.pinned[i]
+            return [v] if res.contains(v.devices(self.pcg.nodes[i].outputs[0])) else []
         shape = self.pcg.nodes[i].outputs[0]
         p = shape.pieces
         if p > res.count:
@@ -151,36 +171,17 @@ class Mapper:
             self._relevant[key] = out
         return self._relevant[key]
 
-    def leaf_cost(self, i: int, v: MachineView) -> float:
-        key = (i, v)
-        if key not in self._leaf:
-            n = self.pcg.nodes[i]
-            if n.spec.is_parallel_op and self.ctx.layout[i] is None:
-                self._leaf[key] = 0.0  # its collective depends on its input's view: an edge cost
-            else:
-                self._leaf[key] = node_cost(self.ctx, i, {i: v}).total
-        return self._leaf[key]
+    def node_cost(self, i: int, v: MachineView, views: Mapping[int, MachineView]) -> NodeCost:
+        """The cost model's price of node ``i`` on view ``v``, given the views of its ``preds``."""
+        key = (i, v, tuple(views[p] for p in self.preds[i]))
+        c = self._leaf.get(key)
+        if c is None:
+            local = {**self.constant[i], **{p: views[p] for p in self.preds[i]}, i: v}
+            c = self._leaf[key] = node_cost(self.ctx, i, local)
+        return c
 
-    def edge_cost(self, u: int, vu: MachineView, i: int, vi: MachineView) -> float:
-        key = (u, vu, i, vi)
-        if key in self._edge:
-            return self._edge[key]
-        n = self.pcg.nodes[i]
-        if n.spec.is_parallel_op and self.ctx.layout[i] is None and n.inputs[0].node == u:
-            cost = node_cost(self.ctx, i, {u: vu, i: vi}).total
-        else:
-            shape = self.pcg.nodes[u].outputs[0]
-            have = vu.devices(shape)
-            want = vi.devices(n.outputs[0])
-            if vu == vi or (len(set(have)) == 1 and set(have) == set(want)):
-                cost = 0.0
-            else:  # move every piece once, in parallel, over the slowest link involved
-                link = link_for(self.cluster, set(have) | set(want), self.ctx.config.profile)
-                nbytes = shape.piece.numel * (self.ctx.config.dtype.itemsize if shape.dtype.is_float
-                                              else shape.dtype.itemsize)
-                cost = 2 * collective_time(Collective.P2P, nbytes, 2, link)  # forward and backward
-        self._edge[key] = cost
-        return cost
+    def leaf_cost(self, i: int, v: MachineView, views: Mapping[int, MachineView]) -> float:
+        return self.node_cost(i, v, views).total
 
     # -- the DP ----------------------------------------------------------------------
 
@@ -208,15 +209,28 @@ class Mapper:
         parts = []
         for n in order:
             node = self.pcg.nodes[n]
-            ins = [(local[r.node], r.index) if r.node in local else f"source {self.pcg.shape(r)}"
+            ins = [(local[r.node], r.index) if r.node in local else
+                   f"source {self.pcg.shape(r)} {attrs_key(self.pcg.nodes[r.node].op)}"
                    for r in node.inputs] if n in t.nodes else []
             layout = self.ctx.layout[n]
             trainable = layout is not None and getattr(self.pcg.nodes[layout].op, "trainable", False)
-            parts.append(f"{attrs_key(node.op)}|{'/'.join(map(str, node.outputs))}|{ins}|{layout is None}|{trainable}")
+            parts.append(f"{attrs_key(node.op)}|{'/'.join(map(str, node.outputs))}|{ins}|{layout is None}|{trainable}"
+                         f"|{self._role(n, local) if n in t.nodes else ''}")
         parts.append(_tree_shape(t, local))
         sig = (hashlib.sha256("\n".join(parts).encode()).hexdigest(), order)
         self._relevant[k] = sig
         return sig
+
+    def _role(self, n: int, local: Mapping[int, int]) -> str:
+        """What else a node's price depends on: its place in a fused pair, being the output
+        the loss reads, the gradients that flow through it, the weight sync it carries and
+        the fixed views it reads."""
+        st = self.ctx.structure
+        node = self.pcg.nodes[n]
+        grads = [r in st.grads for r in node.inputs] + [st.active(n)]
+        const = [(str(self.pcg.nodes[p].outputs[0]), v) for p, v in sorted(self.constant[n].items())]
+        return (f"{n in st.pairs}|{n in st.second}|{n == self.pcg.outputs[0].node and st.class_axis}|{grads}|"
+                f"{n in st.sync}|{[local.get(p) for p in self.preds[n]]}|{const}|{self.pinned.get(n)}")
 
     def solve(self, t: SP, res: Resources, fixed: Mapping[int, MachineView]) -> tuple[float, dict[int, MachineView]]:
         sig, order = self.signature(t)
@@ -234,7 +248,7 @@ class Mapper:
         if self.states > self.state_limit:
             raise MappingBudgetExceeded(f"more than {self.state_limit} DP states")
         if self.deadline is not None and self.states % 64 == 0 and time.monotonic() > self.deadline:
-            raise MappingBudgetExceeded("out of time")
+            raise MappingOutOfTime("out of time")
         match t:
             case Leaf(node=i):
                 best = self._leaf_solve(i, res, fixed)
@@ -251,7 +265,7 @@ class Mapper:
         for v in options:
             if not res.contains(v.devices(shape)):
                 continue
-            c = self.leaf_cost(i, v) + sum(self.edge_cost(p, fixed[p], i, v) for p in self.preds[i] if p in fixed)
+            c = self.leaf_cost(i, v, fixed)
             if c < best[0]:
                 best = (c, {i: v})
         return best
@@ -357,7 +371,7 @@ def _placements(m: Mapper, t: SP, res: Resources):
 def _evaluate(m: Mapper, t: SP, views: dict[int, MachineView], placement) -> float:
     match t:
         case Leaf(node=i):
-            return m.leaf_cost(i, views[i]) + sum(m.edge_cost(p, views[p], i, views[i]) for p in m.preds[i])
+            return m.leaf_cost(i, views[i], views)
         case Series(first=a, then=b):
             return _evaluate(m, a, views, placement) + _evaluate(m, b, views, placement)
         case Parallel(left=a, right=b):

@@ -3,6 +3,10 @@
 ``best`` (the default) and ``unity`` run the joint substitution search (``joint.py``,
 ``segments.py``) started from the plain graph and every baseline, beside the two search
 baselines; ``best`` then keeps the fastest plan of all, ``unity`` the joint search's.
+
+Beside data and tensor parallelism, the baselines include ``hybrid``: the fastest uniform
+``tp=T,dp=D`` hybrid over every factorization ``T*D`` of the device count (``D`` dividing
+the batch). ``--strategy tp=T,dp=D`` prices one the user names.
 """
 from __future__ import annotations
 
@@ -12,19 +16,23 @@ from dataclasses import dataclass, field, replace
 
 from ..cluster.machine_view import MachineView, devices_used
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostConfig, CostReport, estimate
-from ..errors import InfeasibleError, UsageError
+from ..cost.model import CostConfig, CostReport, estimate, layout_sources, memory_per_device
+from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.pcg import PCG
 from ..ir.validate import validate
 from ..substitutions.rule import Rule
-from .baselines import STRATEGIES, Baseline, batch_size
-from .joint import Found, JointSearch, SearchStats
-from .mapping import dp_map
+from .baselines import STRATEGIES, Baseline, batch_size, hybrid, hybrid_degrees, hybrid_name, is_hybrid, parse_hybrid
+from .joint import Found, JointSearch, SearchStats, SolvedSearch
+from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
+from .solver import Tables, solve
 from .views import default_views
 
 SEARCHES = ("unity", "parallel_only", "algebraic_then_parallel")
-CHOICES = ("best",) + SEARCHES + tuple(STRATEGIES)
+HYBRID = "hybrid"
+CHOICES = ("best",) + SEARCHES + tuple(STRATEGIES) + (HYBRID,)
+BASELINES = tuple(STRATEGIES) + (HYBRID,)
+"""The rows built without a search: the searches start from them, and ``best`` is never slower."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +48,21 @@ class SearchResult:
     candidates: dict[str, Candidate]
     rewrites: tuple = ()
     stats: SearchStats | None = None
+    hybrids: tuple[Candidate, ...] = ()   # every uniform hybrid the run priced, tp ascending
+    cut_by_budget: bool = False           # the time ceiling (--budget) stopped some search or mapping
 
 
 MAPPING_SECONDS = 2.0
-"""Time the machine-mapping DP may take per strategy before the default views are kept
-(a thousand-node graph such as DenseNet would otherwise spend longer mapping than searching)."""
+"""Under a time ceiling (``--budget``), the most the machine-mapping DP may take per strategy
+before the default views are kept. Without one the DP is bounded by its state count only."""
+
+DEFAULT_CANDIDATES = 200
+"""The default work budget: graphs the searches cost, over all of them (``--max-candidates``).
+A count, not seconds, so the same inputs give the same plan on any machine under any load."""
+
 
 def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
-             seconds: float | None = MAPPING_SECONDS, cache: dict | None = None) -> Candidate:
+             seconds: float | None = None, cache: dict | None = None) -> Candidate:
     """Cost a strategy under the default views and under the machine-mapping DP's (given at
     most ``seconds``; None: bounded by its state budget only); keep the faster. ``cache``
     keeps one run's mappings by graph: the searches often return a graph a baseline is."""
@@ -56,8 +71,8 @@ def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
     cache = {} if cache is None else cache
     key = baseline.pcg.node_hashes  # views are by node position: equal graphs in another order differ
     if key not in cache:
-        cache[key] = dp_map(baseline.pcg, cluster, config, seconds=seconds)
-    mapped = cache[key]
+        cache[key] = _map(baseline.pcg, cluster, config, seconds)
+    mapped, _ = cache[key]
     options = [default_views(baseline.pcg)] + ([mapped[1]] if mapped else [])
     for views in options:
         report = estimate(baseline.pcg, views, cluster, config)
@@ -66,40 +81,140 @@ def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
     return best
 
 
+def _map(pcg: PCG, cluster: ClusterSpec, config: CostConfig, seconds: float | None) -> tuple:
+    """(the mapping DP's result or None, whether a time ceiling cut it)."""
+    try:
+        return Mapper(pcg, cluster, config, seconds=seconds).run(), False
+    except MappingOutOfTime:
+        return None, True
+    except MappingBudgetExceeded:
+        return None, False
+
+
 @dataclass
 class _Evaluator:
-    """How one optimize run costs a strategy: one mapping cache, and a mapping time limit
-    out of the run's budget — none with a candidate cap, so that a capped plan does not
-    depend on the machine's speed."""
+    """How one optimize run costs a strategy: one mapping cache, and, under a time ceiling
+    only, a mapping time limit out of what is left of it."""
 
     cluster: ClusterSpec
     config: CostConfig
-    budget: float
-    deadline: float
-    capped: bool
+    budget: float | None
+    deadline: float | None
     cache: dict = field(default_factory=dict)
+    solved: dict = field(default_factory=dict)   # the inner solver's graph, by the graph it solved
+    tables: Tables | None = None                 # the inner solver's cost tables, shared by the run
+
+    @property
+    def cut(self) -> bool:
+        """Whether the time ceiling cut any mapping of this run."""
+        return any(c for _, c in self.cache.values())
+
+    def solve(self, pcg: PCG) -> PCG | None:
+        """The inner parallelization solver's graph for ``pcg`` (once per run and graph)."""
+        key = pcg.node_hashes
+        if key not in self.solved:
+            if self.tables is None:
+                self.tables = Tables(self.cluster, self.config)
+            try:
+                sol = solve(pcg, self.cluster, self.config, tables=self.tables)
+            except ShapeError:
+                sol = None
+            self.solved[key] = None if sol is None else sol.pcg
+        return self.solved[key]
 
     def __call__(self, baseline: Baseline) -> Candidate:
-        seconds = None if self.capped else \
+        seconds = None if self.deadline is None else \
             min(MAPPING_SECONDS, 0.1 * self.budget, max(0.05, self.deadline - time.monotonic()))
         return evaluate(baseline, self.cluster, self.config, seconds, self.cache)
 
 
-def _starts(pcg: PCG, candidates: dict[str, Candidate]) -> list[tuple[str, PCG, tuple]]:
-    return [("plain", pcg, ())] + [(n, c.baseline.pcg, ()) for n, c in sorted(candidates.items()) if n in STRATEGIES]
+def price_hybrid(baseline: Baseline, cluster: ClusterSpec, config: CostConfig) -> Candidate:
+    """A uniform hybrid under the default views, which put each tensor-parallel group on
+    consecutive devices and data parallelism across the groups: the layout it promises,
+    one estimate each (no mapping DP), so every factorization is priced the same way."""
+    validate(baseline.pcg)
+    views = default_views(baseline.pcg)
+    return Candidate(baseline, views, estimate(baseline.pcg, views, cluster, config))
+
+
+def best_hybrid(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> tuple[Candidate, tuple[Candidate, ...]]:
+    """The fastest uniform ``tp=T,dp=D`` hybrid that fits, as the row ``hybrid``, and every
+    one priced: all ``T*D`` = the device count with ``D`` dividing the batch (``tp=N,dp=1``
+    always qualifies). One that cannot fit in device memory (a linear count, far cheaper
+    than the step simulation on hundreds of devices) is not simulated, unless none fits:
+    then the one needing the least memory is, so the row says what it lacks."""
+    degrees = hybrid_degrees(cluster.num_devices, batch_size(pcg))
+    built = [hybrid(pcg, tp, dp) for tp, dp in degrees]
+    need = [_peak_memory(b.pcg, cluster, config) for b in built]
+    fit = [b for b, m in zip(built, need, strict=True) if m is None]
+    tried = tuple(price_hybrid(b, cluster, config) for b in fit) or \
+        (price_hybrid(built[min(range(len(built)), key=lambda k: need[k])], cluster, config),)
+    won = min(tried, key=lambda c: (not c.report.feasible, c.report.step_time))
+    b = won.baseline
+    tps = ", ".join(str(tp) for tp, _ in degrees)
+    others = f"the fastest of {len(built)} uniform hybrids (tp = {tps}, dp = {cluster.num_devices}/tp)"
+    if len(fit) < len(built):
+        big = [h for h, m in zip(built, need, strict=True) if m is not None]
+        others += f"; {len(big)} do not fit in memory ({', '.join(h.name.split(',')[0] for h in big)})"
+    return replace(won, baseline=replace(b, name=HYBRID, description=f"{b.description}; {others}")), tried
+
+
+def _peak_memory(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> int | None:
+    """The most bytes a device needs under the default views when that exceeds its capacity
+    (or the memory limit), else None: the same count ``estimate`` makes."""
+    views = default_views(pcg)
+    devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
+    memory = memory_per_device(pcg, devs, layout_sources(pcg), cluster.num_devices, config)
+    for d, used in enumerate(memory):
+        cap = cluster.device_type(d).memory_capacity
+        if used > (cap if config.memory_limit is None else min(cap, config.memory_limit)):
+            return max(memory)
+    return None
+
+
+def _starts(pcg: PCG, candidates: dict[str, Candidate],
+            ev: _Evaluator | None = None) -> list[tuple[str, PCG, tuple]]:
+    """The plain graph, the baselines, and the inner solver's parallelization of the graph."""
+    out = [("plain", pcg, ())] + [(n, c.baseline.pcg, ()) for n, c in sorted(candidates.items()) if n in BASELINES]
+    solved = ev.solve(pcg) if ev is not None and not any(n.spec.is_parallel_op for _, n in pcg) else None
+    return out + ([("solver", solved, ())] if solved is not None else [])
+
+
+SOLVED_WORK = 600
+"""The outer level's work budget: operators x solver calls (each candidate of the algebraic
+search is solved whole), so a large graph gets few candidates and a small one many."""
+
+
+def solved_candidates(pcg: PCG, cap: int) -> int:
+    """How many candidates the solver-priced algebraic search may cost: out of ``SOLVED_WORK``,
+    at most a quarter of the joint search's ``cap``."""
+    ops = sum(1 for _, n in pcg if not n.spec.is_source)
+    return max(1, min(cap // 4, SOLVED_WORK // max(1, ops)))
+
+
+def _part(budget: float | None, share: float) -> float | None:
+    """A share of a time ceiling (None: no ceiling)."""
+    return None if budget is None else budget * share
 
 
 def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
     """Algebraic and parallelization rules together (the joint search). A large graph is
-    first solved segment by segment (half the budget); the stitched result is one more start."""
+    first solved segment by segment (half the work); the stitched result is one more start."""
     t0 = time.monotonic()
-    half = None if cap is None else max(1, cap // 2)
-    seg, seg_stats = search_segments(pcg, cluster, config, rules, budget / 2, alpha, batch_size(pcg),
-                                     max_candidates=half, progress=progress)
-    starts = _starts(pcg, candidates) + ([("segments", seg.pcg, seg.path)] if seg is not None else [])
-    left = None if cap is None else max(1, cap - seg_stats.candidates)
-    search = JointSearch(cluster, config, rules, budget=max(0.0, budget - (time.monotonic() - t0)), alpha=alpha,
-                         progress=progress, max_candidates=left)
+    seg, seg_stats = search_segments(pcg, cluster, config, rules, _part(budget, 0.25), alpha, batch_size(pcg),
+                                     max_candidates=max(1, cap // 2), progress=progress)
+    starts = _starts(pcg, candidates, ev) + ([("segments", seg.pcg, seg.path)] if seg is not None else [])
+    if not any(n.spec.is_parallel_op for _, n in pcg):
+        # Algebraic rewrites of the plain graph, each parallelized by the inner solver.
+        outer = SolvedSearch(cluster, config, [r for r in rules if not r.is_parallel], budget=_part(budget, 0.25),
+                             alpha=alpha, progress=progress, max_candidates=solved_candidates(pcg, cap),
+                             solve=ev.solve)
+        won = outer.run([("plain", pcg, ())])
+        starts.append(("rewritten and solved", won.pcg, won.path))
+        seg_stats = seg_stats + outer.stats
+    left = None if budget is None else max(0.0, budget - (time.monotonic() - t0))
+    search = JointSearch(cluster, config, rules, budget=left, alpha=alpha, progress=progress,
+                         max_candidates=max(1, cap - seg_stats.candidates))
     found = search.run(starts)
     return found, seg_stats + search.stats
 
@@ -108,19 +223,19 @@ def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candida
     """FlexFlow-like: the same search with parallelization rules only."""
     search = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget, alpha=alpha,
                          progress=progress, max_candidates=cap)
-    return search.run(_starts(pcg, candidates)), search.stats
+    return search.run(_starts(pcg, candidates, ev)), search.stats
 
 
 def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
     """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize."""
-    half = None if cap is None else max(1, cap // 2)
-    one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel], budget=budget / 2,
-                      alpha=alpha, progress=progress, max_candidates=half)
+    half = max(1, cap // 2)
+    one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel],
+                      budget=_part(budget, 0.5), alpha=alpha, progress=progress, max_candidates=half)
     rewritten = one.run([("plain", pcg, ())])
     base = {name: ev(fn(rewritten.pcg, cluster)) for name, fn in STRATEGIES.items()}
-    two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget / 2, alpha=alpha,
-                      progress=progress, max_candidates=half)
-    found = two.run(_starts(rewritten.pcg, base))
+    two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=_part(budget, 0.5),
+                      alpha=alpha, progress=progress, max_candidates=half)
+    found = two.run(_starts(rewritten.pcg, base, ev))
     stats = one.stats + two.stats
     return Found(found.pcg, found.views, found.report, found.start, rewritten.path + found.path), stats
 
@@ -134,33 +249,51 @@ def _better(a: CostReport, b: CostReport) -> bool:
 
 
 def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str = "best",
-             rules: Sequence[Rule] = (), budget: float = 30.0, alpha: float = 1.05,
+             rules: Sequence[Rule] = (), budget: float | None = None, alpha: float = 1.05,
              progress: Callable | None = None, max_candidates: int | None = None) -> SearchResult:
-    if strategy not in CHOICES:
-        raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)})")
-    deadline = time.monotonic() + budget  # the budget covers the whole run, baselines included
-    ev = _Evaluator(cluster, config, budget, deadline, capped=max_candidates is not None)
+    """The chosen plan and every row priced beside it. The searches stop by a count of work
+    (``max_candidates``, default :data:`DEFAULT_CANDIDATES`); ``budget`` is an optional time
+    ceiling in seconds over the whole run, which a given ``max_candidates`` overrides (so a
+    capped plan never depends on the machine's speed). ``SearchResult.stats.timed_out``
+    says whether the ceiling cut anything."""
+    named = _named_hybrid(strategy, pcg, cluster) if is_hybrid(strategy) else None
+    if named is None and strategy not in CHOICES:
+        raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)}, "
+                         f"or tp=T,dp=D)")
+    if max_candidates is not None:
+        budget = None
+    work = DEFAULT_CANDIDATES if max_candidates is None else max_candidates
+    deadline = None if budget is None else time.monotonic() + budget  # the whole run, baselines included
+    ev = _Evaluator(cluster, config, budget, deadline)
     candidates = {name: ev(fn(pcg, cluster)) for name, fn in STRATEGIES.items()}
+    hybrids: tuple[Candidate, ...] = ()
+    if strategy not in STRATEGIES:  # the searches start from it; a named hybrid is shown beside it
+        candidates[HYBRID], hybrids = best_hybrid(pcg, cluster, config)
+    if named is not None:
+        strategy = named.name
+        candidates[strategy] = price_hybrid(named, cluster, config)
     if strategy in SEARCHES or strategy == "best":
-        # The joint search reports the two search baselines too, each with a share of the budget.
+        # The joint search reports the two search baselines too, each with a share of the work.
         joint = strategy in ("best", "unity")
         runs = SEARCHES if joint else (strategy,)
         shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if joint \
             else {strategy: 1.0}
-        # Keep time to map each search's result; a search that ends early leaves its time to the next.
-        reserve = min(len(runs) * MAPPING_SECONDS, 0.2 * budget)
         found_by = {}
         for k, name in enumerate(runs):
-            cap = None if max_candidates is None else max(1, int(max_candidates * shares[name]))
-            left = deadline - reserve - time.monotonic()
-            share = max(0.05 * budget * shares[name], left * shares[name] / sum(shares[r] for r in runs[k:]))
+            cap = max(1, int(work * shares[name]))
+            share = None
+            if deadline is not None:
+                # Keep time to map each search's result; a search that ends early leaves its time to the next.
+                reserve = min(len(runs) * MAPPING_SECONDS, 0.2 * budget)
+                left = deadline - reserve - time.monotonic()
+                share = max(0.05 * budget * shares[name], left * shares[name] / sum(shares[r] for r in runs[k:]))
             found, stats = _SEARCH[name](pcg, cluster, config, rules, share, alpha, progress, candidates, cap, ev)
             cand = ev(Baseline(name, found.pcg, devices_used(found.pcg, found.views), f"search from {found.start}"))
             if name in _FROM_BASELINES:
                 # The search compares graphs under default views; mapped by the DP, a baseline it
                 # started from can still come out faster. A search never returns less than its starts.
-                start = min((candidates[b] for b in STRATEGIES), key=lambda c: (not c.report.feasible,
-                                                                                 c.report.step_time))
+                start = min((candidates[b] for b in BASELINES if b in candidates),
+                            key=lambda c: (not c.report.feasible, c.report.step_time))
                 if _better(start.report, cand.report):
                     cand = Candidate(replace(start.baseline, name=name,
                                              description=f"search kept {start.baseline.name}"),
@@ -175,11 +308,24 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
             raise InfeasibleError(f"no plan fits in device memory: the smallest found ({least.baseline.name}) "
                                   f"{least.report.infeasible}")
         found, stats = found_by.get(name, found_by[runs[0]])
-        return SearchResult(chosen, candidates, found.path if name in found_by else (), stats)
+        cut = ev.cut or any(st.timed_out for _, st in found_by.values())
+        return SearchResult(chosen, candidates, found.path if name in found_by else (), stats, hybrids, cut)
     chosen = candidates[strategy]
     if not chosen.report.feasible:
         raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}")
-    return SearchResult(chosen, candidates)
+    return SearchResult(chosen, candidates, hybrids=hybrids, cut_by_budget=ev.cut)
+
+
+def _named_hybrid(strategy: str, pcg: PCG, cluster: ClusterSpec) -> Baseline:
+    """The hybrid ``--strategy tp=T,dp=D`` names, or a one-line UsageError."""
+    n = cluster.num_devices
+    tp, dp = parse_hybrid(strategy, n)
+    batch = batch_size(pcg)
+    if batch % dp:
+        fits = ", ".join(hybrid_name(t, d) for t, d in hybrid_degrees(n, batch))
+        raise UsageError(f"--strategy {strategy}: dp={dp} does not divide the batch {batch}; on {n} devices "
+                         f"these do: {fits}")
+    return hybrid(pcg, tp, dp)
 
 
 def _fastest(candidates: dict[str, Candidate]) -> str:

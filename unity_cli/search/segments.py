@@ -78,7 +78,7 @@ def starts_for(seg: SegmentGraph, cluster: ClusterSpec, layout_out: Layout | Non
     return out
 
 
-def search_segments(pcg: PCG, cluster: ClusterSpec, config: CostConfig, rules: Sequence[Rule], budget: float,
+def search_segments(pcg: PCG, cluster: ClusterSpec, config: CostConfig, rules: Sequence[Rule], budget: float | None,
                     alpha: float, batch: int, max_candidates: int | None = None,
                     progress: Callable | None = None,
                     max_nodes: int = MAX_SEGMENT) -> tuple[Stitched | None, SearchStats]:
@@ -111,7 +111,7 @@ def search_segments(pcg: PCG, cluster: ClusterSpec, config: CostConfig, rules: S
                 table[(a, c)] = (info, key)
         problems_of.append(table)
     stats.segment_problems = len(distinct)
-    share = budget / max(1, len(distinct))
+    share = None if budget is None else budget / max(1, len(distinct))
     cap = None if max_candidates is None else max(1, max_candidates // max(1, len(distinct)))
     solved: dict[str, Found] = {}
     for key, (info, lout) in distinct.items():

@@ -39,7 +39,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost
+from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost, update_seconds
+from ..cost.schedule import needs_grad
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
@@ -141,24 +142,29 @@ class _Pricer:
         self.cluster, self.config = cluster, config
         self._cache: dict = {}
 
-    def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation") -> float:
-        """Seconds per step to bring ``source`` to ``target``: an activation's parallel ops, or
-        a weight's gradient all-reduce (its layout is set up once; only its replicas' sync recurs)."""
-        key = (source, target, kind)
+    def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation",
+             grad: bool = True) -> float:
+        """Seconds per step to bring ``source`` to ``target``: an activation's parallel ops
+        (their gradients sent back in backward when ``grad``), or a weight's gradient
+        all-reduce (its layout is set up once; only its replicas' sync recurs)."""
+        key = (source, target, kind, grad)
         if key not in self._cache:
-            self._cache[key] = self._price(source, target, kind)
+            self._cache[key] = self._price(source, target, kind, grad)
         return self._cache[key]
 
-    def _price(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str) -> float:
+    def _price(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str, grad: bool) -> float:
         if source == target and kind == "activation":
             return 0.0
         b = GraphBuilder()
         if kind == "activation":
-            x = b.add(InputAttrs(source.logical), (), "x", outputs=[source])[0]
-            # Priced as made by an op: a layout of a source is set up once, not paid per step.
+            # Made by an op (a source's layout is set up once, not paid per step) that reads a
+            # trainable weight when the tensor's gradient flows back, so backward is priced too.
+            op = WeightAttrs(source.logical, True) if grad else InputAttrs(source.logical)
+            x = b.add(op, (), "x", outputs=[source])[0]
             x = b.add1(UnaryAttrs("Identity"), [x], "producer")
         else:
             x = b.add1(WeightAttrs(source.logical, kind == "weight"), (), "w")
+        first = len(b.nodes)
         try:
             y = reshard(b, x, target)
         except ShapeError:
@@ -166,19 +172,88 @@ class _Pricer:
         if y == x:
             return 0.0
         pcg = b.build([y])
-        # The cost model's per-node prices, as estimate() takes them (no step simulation needed).
+        # The cost model's per-node prices, as estimate() takes them (no step simulation
+        # needed), of the resharding's nodes only: not the stand-in producer's weight sync,
+        # nor the loss this tiny graph ends in.
         ctx = CostContext.of(pcg, self.cluster, self.config)
         views = default_views(pcg)
-        costs = [node_cost(ctx, i, views) for i in range(len(pcg))]
+        costs = [node_cost(ctx, i, views) for i in range(first, len(pcg))]
         return sum(c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
 
 
-def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int]) -> Problem:
+class Tables:
+    """Cost tables shared by the problems of one run: keyed by what they depend on (an
+    operator, the layouts it reads, the mesh), so a rewritten graph prices only the
+    operators and edges the rewrite made (the outer search's incremental re-solve)."""
+
+    def __init__(self, cluster: ClusterSpec, config: CostConfig):
+        self.cluster, self.config = cluster, config
+        self.pricer = _Pricer(cluster, config)
+        self.device = min((cluster.device_type(d) for d in range(cluster.num_devices)),
+                          key=lambda t: t.flops(config.dtype.value))
+        self.nodes: dict = {}
+        self.edges: dict = {}
+
+    def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool) -> tuple:
+        """(options, cost per option, memory per option) of compute node ``i``."""
+        n = pcg.nodes[i]
+        kinds = tuple(_source_kind(pcg.nodes[r.node]) for r in n.inputs)
+        key = (n.op, tuple(pcg.shape(r) for r in n.inputs), kinds, mesh, returned)
+        hit = self.nodes.get(key)
+        if hit is None:
+            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds)
+        return hit
+
+    def _node(self, pcg: PCG, n: Node, mesh: tuple[int, int], returned: bool, kinds: tuple) -> tuple:
+        config, pricer, device = self.config, self.pricer, self.device
+        opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
+        if not opts:
+            raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {mesh[0] * mesh[1]} "
+                             "devices")
+        states = 2 + config.optimizer.states
+        costs, mems = [], []
+        for o in opts:
+            fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile)
+            t = fwd + bwd
+            mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
+            for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
+                if kind in ("weight", "constant"):
+                    t += pricer.move(pcg.shape(r), want, kind)
+                    mem += want.piece.numel * 4 * (states if kind == "weight" else 1)
+                    if kind == "weight":
+                        t += update_seconds(want.piece.numel, device, config)
+                elif kind == "input":
+                    mem += want.piece.numel * want.dtype.itemsize   # inputs are cut where read
+            if returned:
+                for s in o.outputs[:1]:
+                    if s.sum_degree > 1:
+                        t += pricer.move(s, s.with_replicas(sum_degree=1))
+            costs.append(t)
+            mems.append(float(mem))
+        return opts, tuple(costs), tuple(mems)
+
+    def edge(self, ukey: tuple, vkey: tuple, index: int, k: int, grad: bool,
+             producer: tuple[Option, ...], consumer: tuple[Option, ...]) -> np.ndarray:
+        """The resharding times from each producer option's output ``index`` to each consumer
+        option's input ``k``."""
+        key = (ukey, vkey, index, k, grad)
+        hit = self.edges.get(key)
+        if hit is None:
+            hit = self.edges[key] = np.array([[self.pricer.move(a.outputs[index], b.inputs[k], grad=grad)
+                                               for b in consumer] for a in producer])
+        return hit
+
+
+def _source_kind(n: Node) -> str | None:
+    if isinstance(n.op, WeightAttrs):
+        return "weight" if n.op.trainable else "constant"
+    return "input" if isinstance(n.op, InputAttrs) else None
+
+
+def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int],
+                  tables: Tables | None = None) -> Problem:
     """The cost tables of ``pcg`` (a plain graph: no parallel ops) on ``mesh``."""
-    pieces = mesh[0] * mesh[1]
-    pricer = _Pricer(cluster, config)
-    device = min((cluster.device_type(d) for d in range(cluster.num_devices)),
-                 key=lambda t: t.flops(config.dtype.value))
+    tables = tables or Tables(cluster, config)
     nodes = tuple(i for i, n in pcg if not n.spec.is_source)
     if any(pcg.nodes[i].spec.is_parallel_op for i in nodes):
         raise ShapeError("the solver takes a graph without parallel ops")
@@ -186,33 +261,11 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     node_cost: dict[int, tuple[float, ...]] = {}
     node_memory: dict[int, tuple[float, ...]] = {}
     returned = {r.node for r in pcg.outputs}
-    states = 2 + config.optimizer.states
+    grads = needs_grad(pcg, pcg.outputs[0])
+    keys = {}
     for i in nodes:
-        n = pcg.nodes[i]
-        opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
-        if not opts:
-            raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {pieces} devices")
-        options[i] = opts
-        costs, mems = [], []
-        for o in opts:
-            fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile)
-            t = fwd + bwd
-            mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
-            for r, want in zip(n.inputs, o.inputs, strict=True):
-                src = pcg.nodes[r.node]
-                if isinstance(src.op, WeightAttrs):
-                    kind = "weight" if src.op.trainable else "constant"
-                    t += pricer.move(pcg.shape(r), want, kind)
-                    mem += want.piece.numel * 4 * (states if src.op.trainable else 1)
-                elif isinstance(src.op, InputAttrs):
-                    mem += want.piece.numel * want.dtype.itemsize   # inputs are cut where read
-            if i in returned:
-                for s in o.outputs[:1]:
-                    if s.sum_degree > 1:
-                        t += pricer.move(s, s.with_replicas(sum_degree=1))
-            costs.append(t)
-            mems.append(float(mem))
-        node_cost[i], node_memory[i] = tuple(costs), tuple(mems)
+        options[i], node_cost[i], node_memory[i] = tables.node(pcg, i, mesh, i in returned)
+        keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned)
     edges = []
     for v in nodes:
         n = pcg.nodes[v]
@@ -220,17 +273,65 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
             u = r.node
             if u not in options:
                 continue
-            table = np.array([[pricer.move(a.outputs[r.index], b.inputs[k]) for b in options[v]]
-                              for a in options[u]])
+            table = tables.edge((keys[u], mesh), keys[v], r.index, k, r in grads, options[u], options[v])
             edges.append((u, v, table))
     caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
     capacity = float(min(caps) if config.memory_limit is None else min(min(caps), config.memory_limit))
-    return Problem(pcg, pieces, nodes, options, node_cost, node_memory, tuple(edges), capacity)
+    return Problem(pcg, mesh[0] * mesh[1], nodes, options, node_cost, node_memory, tuple(edges), capacity)
+
+
+def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
+    """``p`` without dominated options, and each node's kept option indices. Option ``b``
+    of a node is dominated by ``a`` when ``a`` costs no more compute and memory and no more
+    on every edge against every option of the other end: replacing ``b`` by ``a`` in any
+    assignment never makes it worse, so the optimum survives (of equal options the first
+    stays). Removing options can make others dominated, so passes repeat until none goes."""
+    keep = {i: np.arange(len(p.options[i])) for i in p.nodes}
+    tables = [t for _, _, t in p.edges]
+    incident: dict[int, list[tuple[int, bool]]] = {i: [] for i in p.nodes}
+    for e, (u, v, _) in enumerate(p.edges):
+        incident[u].append((e, True))
+        incident[v].append((e, False))
+    changed = True
+    while changed:
+        changed = False
+        for i in p.nodes:
+            k = keep[i]
+            if len(k) < 2:
+                continue
+            parts = [np.asarray(p.node_cost[i])[k][:, None], np.asarray(p.node_memory[i])[k][:, None]]
+            for e, out in incident[i]:
+                parts.append(tables[e] if out else tables[e].T)
+            sig = np.concatenate(parts, axis=1)
+            le = (sig[:, None, :] <= sig[None, :, :]).all(axis=2)       # le[a, b]: a no worse than b
+            eq = le & le.T
+            order = np.arange(len(k))
+            beats = le & (~eq | (order[:, None] < order[None, :]))
+            np.fill_diagonal(beats, False)
+            alive = ~beats.any(axis=0)
+            if alive.all():
+                continue
+            changed = True
+            keep[i] = k[alive]
+            for e, out in incident[i]:
+                tables[e] = tables[e][alive, :] if out else tables[e][:, alive]
+    q = Problem(p.pcg, p.pieces, p.nodes, {i: tuple(p.options[i][j] for j in keep[i]) for i in p.nodes},
+                {i: tuple(p.node_cost[i][j] for j in keep[i]) for i in p.nodes},
+                {i: tuple(p.node_memory[i][j] for j in keep[i]) for i in p.nodes},
+                tuple((u, v, t) for (u, v, _), t in zip(p.edges, tables, strict=True)), p.capacity)
+    return q, {i: tuple(int(j) for j in keep[i]) for i in p.nodes}
 
 
 def solve_problem(p: Problem) -> dict[int, int] | None:
     """The assignment of least objective that fits in memory (None: none fits, or the
-    program is too large), by mixed-integer programming."""
+    program is too large), by mixed-integer programming on the problem without its
+    dominated options (:func:`prune_dominated`)."""
+    q, kept = prune_dominated(p)
+    choice = _solve_milp(q)
+    return None if choice is None else {i: kept[i][k] for i, k in choice.items()}
+
+
+def _solve_milp(p: Problem) -> dict[int, int] | None:
     index: dict[tuple[int, int], int] = {}
     for i in p.nodes:
         for k in range(len(p.options[i])):
@@ -329,15 +430,17 @@ def realize(p: Problem, choice: dict[int, int]) -> PCG:
 
 
 def solve(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(),
-          devices: int | None = None) -> Solution | None:
+          devices: int | None = None, tables: Tables | None = None) -> Solution | None:
     """The best parallelization of ``pcg`` over ``devices`` (default: all) devices, over every
-    mesh factorization; None if no program was small enough to solve or none fits."""
+    mesh factorization; None if no program was small enough to solve or none fits. Pass one
+    ``tables`` to solve many graphs of a run: each prices only what the others did not."""
     n = devices or cluster.num_devices
+    tables = tables or Tables(cluster, config)
     best: Solution | None = None
     best_time = math.inf
     for mesh in factorizations(n):
         try:
-            p = build_problem(pcg, cluster, config, mesh)
+            p = build_problem(pcg, cluster, config, mesh, tables)
         except ShapeError:
             continue
         choice = solve_problem(p)

@@ -5,19 +5,30 @@ Innermost (stride 1) go the partial-sum axis and the non-batch dims (tensor
 parallelism talks every layer), then an activation's replicas (the tensor-parallel group
 that shares an input), then the batch dim; a weight's replicas go outermost, since they
 only meet once a step, in the gradient all-reduce.
+
+A Reduction or Combine that leaves fewer pieces than it reads keeps each merged piece on
+the first device of the group that merged it, so a tensor-parallel group's result stays in
+that group (for ``tp=T,dp=D``: batch shard ``b`` of a reduced output on device ``b*T``)
+instead of being packed onto devices 0.. that belong to other groups.
 """
 from __future__ import annotations
 
-from ..cluster.machine_view import MachineView, packed_view
+from ..cluster.machine_view import MachineView, packed_view, parallel_axes
 from ..cost.model import layout_sources
+from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, reduces_copies
 from ..ir.pcg import PCG
+from ..ir.shapes import ParallelTensorShape
 
 
 def default_views(pcg: PCG) -> tuple[MachineView, ...]:
     layout = layout_sources(pcg)
-    out = []
+    out: list[MachineView] = []
     for i, n in pcg:
         shape = n.outputs[0]
+        merged = _merged_axis(pcg, i)
+        if merged is not None and layout[n.inputs[0].node] is None:  # of a computed tensor, not a stored layout
+            out.append(_kept_on_first(out[n.inputs[0].node], shape, *merged))
+            continue
         r = shape.rank
         sum_axis, copy_axis = r, r + 1
         dims_inner = list(range(r - 1, 0, -1))
@@ -28,3 +39,25 @@ def default_views(pcg: PCG) -> tuple[MachineView, ...]:
             order = [sum_axis] + dims_inner + [copy_axis] + ([0] if r else [])
         out.append(packed_view(shape, order))
     return tuple(out)
+
+
+def _merged_axis(pcg: PCG, i: int) -> tuple[int, int] | None:
+    """(parallel axis, degree) that node ``i`` merges, if it is a Reduction or Combine."""
+    n = pcg.nodes[i]
+    if not n.inputs:
+        return None
+    x = pcg.shape(n.inputs[0])
+    match n.op:
+        case ReductionAttrs(degree=d):
+            return (x.rank + 1 if reduces_copies(x) else x.rank), d
+        case CombineAttrs(dim=dim, degree=d):
+            return (x.rank + 1 if dim == REPLICA_DIM else dim), d
+    return None
+
+
+def _kept_on_first(view: MachineView, y: ParallelTensorShape, axis: int, d: int) -> MachineView:
+    """The view of ``y`` whose piece ``j`` (along ``axis``) sits where piece ``j*d`` of its input did:
+    the first device of each group of ``d`` merged pieces (``MachineView.groups``)."""
+    strides = list(view.strides)
+    strides[axis] *= d
+    return MachineView(view.start, tuple(s if a > 1 else 0 for s, a in zip(strides, parallel_axes(y), strict=True)))

@@ -1,0 +1,360 @@
+"""Every byte the runtime moves in one training step, node by node.
+
+From the runtime's own schedule (:mod:`unity_cli.cost.schedule`), a node's moves are:
+
+* a compute op's reads of input pieces held on other devices: a point-to-point message
+  forward and the read's gradient sent back in backward;
+* a parallel op's step as the runtime runs it: its slices, concatenations, copies and sums
+  as point-to-point messages, its broadcasts (three or more readers) and reduces (three or
+  more contributors), and a ``Reduction``/``Combine`` -> ``Replicate`` pair over the same
+  devices as one all-reduce / all-gather (reduce-scatter backward). The pair is priced at
+  its second node, the ``Replicate``: whether it fuses depends on both ends;
+* the weight-gradient all-reduces of a trainable weight's replicas (one group per region
+  that several devices keep, :class:`~unity_cli.cost.schedule.ParamPlan`), at the weight's
+  last stored layout;
+* at the graph's output, the loss's gathering of the pieces it needs together, the
+  gradients sent back, and the all-reduce of the loss value (8 bytes).
+
+:func:`node_moves` needs only the views of the node and of :meth:`Structure.deps`: the
+step simulation (``cost.model.estimate``) and the machine-mapping DP price a node with the
+same call. :func:`sent_per_device` applies :func:`unity_cli.cost.comm.sent_bytes`, the
+convention ``unity run`` counts by at its communicator.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from ..cluster.spec import ClusterSpec, Link
+from ..ir.dtypes import DType
+from ..ir.ops.sources import WeightAttrs
+from ..ir.pcg import PCG, TensorRef
+from ..ir.shapes import ParallelTensorShape
+from .comm import Collective, groups_time, link_for, sent_ratio
+from .schedule import (
+    LOCAL,
+    CollectiveKind,
+    Read,
+    Schedule,
+    Step,
+    StepKind,
+    Views,
+    all_residents,
+    gather_then_replicate,
+    layout_sources,
+    looks_like_logits,
+    loss_pieces,
+    needs_grad,
+    read_shape,
+    region_shape,
+    trainable,
+)
+
+if TYPE_CHECKING:
+    from .profile import Profile
+
+PHASES = ("fwd", "bwd", "loss", "sync")
+LOSS_VALUE_BYTES = 8
+"""The loss value every rank adds to the all-reduce of the step's loss (a float64)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One communication call of a step: ``kind`` over ``group`` (members in increasing
+    order; point-to-point: ``(sender, receiver)``), passing ``nbytes`` (as
+    :func:`~unity_cli.cost.comm.sent_bytes` reads it), in ``phase``."""
+
+    kind: Collective
+    phase: str                     # "fwd" | "bwd" | "loss" | "sync"
+    group: tuple[int, ...]
+    nbytes: int
+    root: int = -1
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What a PCG's moves depend on besides the views: computed once per graph."""
+
+    pcg: PCG
+    layout: tuple[int | None, ...]
+    pairs: dict[int, int]              # gather_then_replicate: first -> second
+    second: dict[int, int]             # second -> first
+    grads: frozenset[TensorRef]        # tensors whose gradient flows back
+    class_axis: int | None             # the loss's class axis (cross entropy) or None (mse)
+    sync: dict[int, int]               # resident that carries a weight's gradient sync -> the weight
+    residents: dict[int, tuple[int, ...]]   # trainable weight -> its stored layouts
+    num_devices: int
+    _keys: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def of(pcg: PCG, num_devices: int, loss: str = "auto") -> Structure:
+        """``loss``: ``auto`` (cross entropy when the output looks like logits, as ``unity
+        run`` picks with synthetic data), ``cross_entropy`` or ``mse``."""
+        layout = tuple(layout_sources(pcg))
+        pairs = gather_then_replicate(pcg, layout)
+        out = pcg.outputs[0]
+        rank = pcg.shape(out).rank
+        ce = loss == "cross_entropy" or loss == "auto" and looks_like_logits(pcg)
+        sync, res = {}, {}
+        stored = all_residents(pcg, layout)
+        for w, n in pcg:
+            if isinstance(n.op, WeightAttrs) and n.op.trainable:
+                rs = tuple(stored.get(w, ()))
+                res[w] = rs
+                movable = [i for i in rs if not pcg.nodes[i].spec.is_source]
+                sync[max(movable) if movable else w] = w
+        return Structure(pcg, layout, pairs, {p: r for r, p in pairs.items()}, needs_grad(pcg, out),
+                         rank - 1 if ce and rank >= 1 else None, sync, res, num_devices)
+
+    def deps(self, i: int) -> tuple[int, ...]:
+        """The nodes besides ``i`` whose views :func:`node_moves` of ``i`` reads."""
+        n = self.pcg.nodes[i]
+        if self.layout[i] is not None:
+            w = self.sync.get(i)
+            return tuple(r for r in self.residents[w] if r != i) if w is not None else ()
+        if i in self.pairs:
+            return ()
+        if i in self.second:
+            j = self.second[i]
+            return (j, self.pcg.nodes[j].inputs[0].node)
+        return tuple(sorted({r.node for r in n.inputs}))
+
+    def key(self, i: int) -> tuple:
+        """Everything but the views that :func:`node_moves` of ``i`` depends on, as a hashable
+        value (equal nodes of two candidate graphs share it, so their prices are cached):
+        the node, the shapes it reads and whether they are data, constants or weights, and
+        what depends on the graph downstream: gradients, fused pairs, the loss, the stored
+        layouts of the weight whose sync it carries."""
+        k = self._keys.get(i)
+        if k is None:
+            pcg = self.pcg
+            n = pcg.nodes[i]
+            out = pcg.outputs[0]
+            w = self.sync.get(i)
+            k = (n.op, n.outputs, self._reads(i), self.active(i), tuple(r in self.grads for r in n.inputs),
+                 i in self.pairs, self._pair_key(i),
+                 (self.class_axis, out in self.grads, self.num_devices) if i == out.node else None,
+                 (pcg.nodes[w].outputs, tuple((r == i, pcg.nodes[r].outputs[0], pcg.nodes[r].spec.is_source)
+                                              for r in self.residents[w])) if w is not None else None)
+            self._keys[i] = k
+        return k
+
+    def _reads(self, i: int) -> tuple:
+        """What a node's reads depend on upstream: each input's shape, and whether it is a
+        layout (made where it is read, or a weight's stored piece)."""
+        pcg = self.pcg
+        return tuple((pcg.shape(r), self.layout[r.node] is not None, trainable(pcg, self.layout, r.node))
+                     for r in pcg.nodes[i].inputs)
+
+    def _pair_key(self, i: int) -> tuple | None:
+        """A fused pair's second also runs its first's step when they do not fuse."""
+        j = self.second.get(i)
+        if j is None:
+            return None
+        first = self.pcg.nodes[j]
+        return (first.op, first.outputs, self._reads(j), self.active(j), tuple(r in self.grads for r in first.inputs))
+
+    def active(self, i: int) -> bool:
+        """Whether backward runs for node ``i`` (a gradient reaches one of its outputs)."""
+        return any(TensorRef(i, k) in self.grads for k in range(len(self.pcg.nodes[i].outputs)))
+
+
+def itemsize(shape: ParallelTensorShape, dtype: DType) -> int:
+    """Bytes per element of a tensor in flight: floats in the plan's dtype, others their own."""
+    return dtype.itemsize if shape.dtype.is_float else shape.dtype.itemsize
+
+
+def node_moves(st: Structure, i: int, views: Views, dtype: DType = DType.FLOAT32) -> tuple[Move, ...]:
+    """What the runtime moves for node ``i`` in a step (see the module docstring); ``views``
+    needs ``i`` and :meth:`Structure.deps` of it."""
+    pcg = st.pcg
+    n = pcg.nodes[i]
+    sched = Schedule(pcg, views, st.layout)
+    moves: list[Move] = []
+    if st.layout[i] is not None:
+        w = st.sync.get(i)
+        if w is not None:
+            moves += _sync_moves(st, sched, w)
+    elif i in st.pairs:
+        pass                           # priced with its Replicate (see the module docstring)
+    elif i in st.second:
+        j = st.second[i]
+        fused = sched.fused_step(j, i)
+        steps = [fused] if fused is not None else [sched.move_step(j), sched.move_step(i)]
+        for s in steps:
+            moves += step_moves(st, sched, s, dtype)
+    elif n.spec.is_parallel_op:
+        moves += step_moves(st, sched, sched.move_step(i), dtype)
+    else:
+        moves += step_moves(st, sched, sched.compute_step(i), dtype)
+    if i == pcg.outputs[0].node and st.layout[i] is None:
+        moves += _loss_moves(st, sched, dtype)
+    return tuple(moves)
+
+
+def _read_bytes(pcg: PCG, rd: Read, dtype: DType) -> int:
+    return math.prod(read_shape(pcg, rd)) * itemsize(pcg.shape(rd.ref), dtype)
+
+
+def step_moves(st: Structure, sched: Schedule, step: Step, dtype: DType) -> list[Move]:
+    """The calls of one runtime step, forward and backward (mirrors ``runtime/executor.py``)."""
+    pcg = st.pcg
+    back = st.active(step.node)
+    out: list[Move] = []
+    if step.kind is StepKind.FUSED:
+        src = step.source
+        assert src is not None
+        nb = pcg.shape(src).piece.numel * itemsize(pcg.shape(src), dtype)
+        grad = back and src in st.grads
+        for c in step.collectives:
+            if c.kind is CollectiveKind.ALLREDUCE:
+                out.append(Move(Collective.ALL_REDUCE, "fwd", c.group, nb))
+                if grad:
+                    out.append(Move(Collective.ALL_REDUCE, "bwd", c.group, nb))
+            else:
+                out.append(Move(Collective.ALL_GATHER, "fwd", c.group, nb))
+                if grad:
+                    out.append(Move(Collective.REDUCE_SCATTER, "bwd", c.group, nb))
+        return out
+    covered = {(ti, ri) for c in step.collectives for ti, ri in c.covered}
+    for ti, t in enumerate(step.tasks):
+        for ri, rd in enumerate(t.reads):
+            if (ti, ri) in covered or rd.src in (LOCAL, t.rank):
+                continue
+            nb = _read_bytes(pcg, rd, dtype)
+            out.append(Move(Collective.P2P, "fwd", (rd.src, t.rank), nb))
+            if back and rd.ref in st.grads:
+                out.append(Move(Collective.P2P, "bwd", (t.rank, rd.src), nb))
+    for c in step.collectives:
+        ti, ri = c.covered[0]
+        rd = step.tasks[ti].reads[ri]
+        nb = _read_bytes(pcg, rd, dtype)
+        grad = back and rd.ref in st.grads
+        if c.kind is CollectiveKind.BCAST:
+            out.append(Move(Collective.BROADCAST, "fwd", c.group, nb, c.root))
+            if grad:
+                out.append(Move(Collective.REDUCE, "bwd", c.group, nb, c.root))
+        elif c.kind is CollectiveKind.REDUCE:
+            out.append(Move(Collective.REDUCE, "fwd", c.group, nb, c.root))
+            if grad:
+                out.append(Move(Collective.BROADCAST, "bwd", c.group, nb, c.root))
+        else:
+            raise AssertionError(c.kind)
+    return out
+
+
+def _sync_moves(st: Structure, sched: Schedule, w: int) -> list[Move]:
+    """One all-reduce per group of devices keeping the same region of weight ``w`` (in the
+    weight's own dtype: the master copy's)."""
+    plan = sched.param(w, st.residents[w])
+    size = sched.pcg.nodes[w].outputs[0].dtype.itemsize
+    out, seen = [], set()
+    for rank, g in sorted(plan.group.items()):
+        if len(g) > 1 and g not in seen:
+            seen.add(g)
+            out.append(Move(Collective.ALL_REDUCE, "sync", g,
+                            math.prod(region_shape(plan.master[rank], plan.shape)) * size))
+    return out
+
+
+def _loss_moves(st: Structure, sched: Schedule, dtype: DType) -> list[Move]:
+    """The loss: each group's pieces to its leader, their gradients back, the loss value summed."""
+    pcg = st.pcg
+    out_ref = pcg.outputs[0]
+    shape = pcg.shape(out_ref)
+    nb = shape.piece.numel * itemsize(shape, dtype)
+    grad = out_ref in st.grads
+    owners = sched.owners(out_ref.node)
+    out = []
+    for members in loss_pieces(shape, st.class_axis):   # the groups of Schedule.loss_groups
+        leader = owners[members[0]]
+        for c in members[1:]:
+            rank = owners[c]
+            if rank != leader:
+                out.append(Move(Collective.P2P, "loss", (rank, leader), nb))
+                if grad:
+                    out.append(Move(Collective.P2P, "loss", (leader, rank), nb))
+    if st.num_devices > 1:
+        out.append(Move(Collective.ALL_REDUCE, "loss", tuple(range(st.num_devices)), LOSS_VALUE_BYTES))
+    return out
+
+
+# -- bytes and seconds ------------------------------------------------------------------------------
+
+
+def sent_per_device(moves: Iterable[Move], num_devices: int) -> list[Fraction]:
+    """Bytes each device sends for ``moves`` (:func:`~unity_cli.cost.comm.sent_bytes`)."""
+    acc: dict[int, list[int]] = {1: [0] * num_devices}   # numerators per denominator (fractions are slow)
+    for m in moves:
+        for r in (m.group[:1] if m.kind is Collective.P2P else m.group):
+            num, den = sent_ratio(m.kind, m.nbytes, m.group, r, m.root)
+            if num:
+                acc.setdefault(den, [0] * num_devices)[r] += num
+    return [sum((Fraction(v[r], den) for den, v in acc.items()), Fraction(0)) for r in range(num_devices)]
+
+
+def phase_seconds(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None = None) -> dict[str, float]:
+    """Seconds of each phase's moves: a step's point-to-point messages are posted together
+    (:func:`p2p_seconds`), then its collectives run, the same kind over disjoint groups at
+    once (:func:`~unity_cli.cost.comm.groups_time`)."""
+    by_phase: dict[str, list[Move]] = defaultdict(list)
+    for m in moves:
+        by_phase[m.phase].append(m)
+    out = {}
+    for phase, ms in by_phase.items():
+        t = p2p_seconds([m for m in ms if m.kind is Collective.P2P], cluster, profile)
+        classes: dict[tuple, list[tuple[int, ...]]] = defaultdict(list)
+        for m in ms:
+            if m.kind is not Collective.P2P:
+                classes[(m.kind, m.nbytes, len(m.group))].append(m.group)
+        for (kind, nb, g), groups in classes.items():
+            # comm.py's formulas take the whole buffer: for all-gather and reduce-scatter, g pieces
+            whole = nb * g if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER) else nb
+            t += groups_time(kind, whole, cluster, groups, profile)
+        out[phase] = t
+    return out
+
+
+def p2p_seconds(messages: Sequence[Move], cluster: ClusterSpec, profile: Profile | None = None) -> float:
+    """Messages posted at once: the busiest device's sends or receives (each over its link),
+    or the busiest node's network interface, plus the slowest link's latency."""
+    if not messages:
+        return 0.0
+    out: Counter[int] = Counter()
+    into: Counter[int] = Counter()
+    nic_out: Counter[int] = Counter()
+    nic_in: Counter[int] = Counter()
+    latency = 0.0
+    for m in messages:
+        s, d = m.group
+        link, a, b = _pair(cluster, profile, s, d)
+        t = m.nbytes / link.bandwidth
+        out[s] += t
+        into[d] += t
+        latency = max(latency, link.latency)
+        if a != b:
+            nic_out[a] += t
+            nic_in[b] += t
+    busiest = max(max(c.values(), default=0.0) for c in (out, into, nic_out, nic_in))
+    return latency + busiest
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _pair(cluster: ClusterSpec, profile: Profile | None, s: int, d: int) -> tuple[Link, int, int]:
+    """The link between two devices and their nodes."""
+    return link_for(cluster, (s, d), profile), cluster.node_of(s), cluster.node_of(d)
+
+
+def moves_of(st: Structure, views: Views, dtype: DType = DType.FLOAT32) -> list[Move]:
+    """Every move of a step of the whole mapped graph."""
+    return [m for i in range(len(st.pcg)) for m in node_moves(st, i, views, dtype)]
+
+
+def views_for(st: Structure, i: int, views: Mapping[int, object]) -> dict[int, object]:
+    """The part of ``views`` :func:`node_moves` of ``i`` reads."""
+    return {k: views[k] for k in (i, *st.deps(i)) if k in views}
