@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cost.schedule import looks_like_logits
 from ..errors import UsageError
 from ..ir.pcg import PCG
 
@@ -43,26 +44,6 @@ def choose_loss(requested: str, labels: np.ndarray | None, pcg: PCG) -> LossKind
     if kind is LossKind.CROSS_ENTROPY and (out.rank < 2 or out.sizes[-1] < 2):
         raise UsageError(f"--loss cross_entropy needs class logits [..., classes]; the output is {list(out.sizes)}")
     return kind
-
-
-def looks_like_logits(pcg: PCG) -> bool:
-    ref = pcg.outputs[0]
-    out = pcg.shape(ref)
-    if not out.dtype.is_float or out.rank < 2 or out.sizes[-1] < 2:
-        return False
-    n = pcg.nodes[ref.node]
-    while n.spec.is_parallel_op:
-        n = pcg.nodes[n.inputs[0].node]
-    if n.kind == "Binary" and n.op.fn == "Add":
-        return any(_linear(pcg, r.node) for r in n.inputs)
-    return _linear(pcg, ref.node)
-
-
-def _linear(pcg: PCG, i: int) -> bool:
-    n = pcg.nodes[i]
-    while n.spec.is_parallel_op:
-        n = pcg.nodes[n.inputs[0].node]
-    return n.kind in ("MatMul", "Gemm")
 
 
 def label_shape(kind: LossKind, out_dims: tuple[int, ...]) -> tuple[int, ...]:
