@@ -1,8 +1,12 @@
 """Choosing a strategy: build each baseline, cost it, keep the fastest that fits in memory.
 
-``best`` (the default) and ``unity`` run the joint substitution search (``joint.py``,
-``segments.py``) started from the plain graph and every baseline, beside the two search
-baselines; ``best`` then keeps the fastest plan of all, ``unity`` the joint search's.
+``best`` (the default) and ``unity`` run the joint search: the algebraic rewrites of the
+plain graph priced by the inner solver (``joint.SolvedSearch``, ``solver.py``), then a
+best-first search over all rules (``joint.py``, ``segments.py``) started from its plan, the
+plain graph and every baseline. Beside it run the two search baselines: ``parallel_only``
+(the inner solver alone, FlexFlow's question answered exactly) and
+``algebraic_then_parallel`` (algebraic rewrites for one device, then the solver: TASO then
+FlexFlow). ``best`` keeps the fastest plan of all, ``unity`` the joint search's.
 
 Beside data and tensor parallelism, the baselines include ``hybrid``: the fastest uniform
 ``tp=T,dp=D`` hybrid over every factorization ``T*D`` of the device count (``D`` dividing
@@ -219,25 +223,44 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     return found, seg_stats + search.stats
 
 
+def _solved(pcg: PCG, cluster: ClusterSpec, config: CostConfig, ev: _Evaluator, start: str) -> Found | None:
+    """The inner solver's plan for the plain graph ``pcg``, priced (None: it has none)."""
+    if any(n.spec.is_parallel_op for _, n in pcg):
+        return None
+    g = ev.solve(pcg)
+    if g is None:
+        return None
+    views = default_views(g)
+    return Found(g, views, estimate(g, views, cluster, config), start)
+
+
 def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
-    """FlexFlow-like: the same search with parallelization rules only."""
+    """FlexFlow-like, done exactly: the inner parallelization solver alone on the plain
+    graph (no algebraic rewrite). On a graph it cannot take, a search with the
+    parallelization rules only, from the baselines."""
+    found = _solved(pcg, cluster, config, ev, "solver")
+    if found is not None:
+        return found, SearchStats(candidates=1, converged=True)
     search = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget, alpha=alpha,
                          progress=progress, max_candidates=cap)
     return search.run(_starts(pcg, candidates, ev)), search.stats
 
 
 def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
-    """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize."""
-    half = max(1, cap // 2)
+    """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize the
+    result with the inner solver (or, on a graph it cannot take, the parallelization rules)."""
     one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel],
-                      budget=_part(budget, 0.5), alpha=alpha, progress=progress, max_candidates=half)
+                      budget=_part(budget, 0.5), alpha=alpha, progress=progress, max_candidates=max(1, cap // 2))
     rewritten = one.run([("plain", pcg, ())])
+    found = _solved(rewritten.pcg, cluster, config, ev, "solver")
+    if found is not None:
+        stats = one.stats + SearchStats(candidates=1, converged=True)
+        return replace(found, path=rewritten.path), stats
     base = {name: ev(fn(rewritten.pcg, cluster)) for name, fn in STRATEGIES.items()}
     two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=_part(budget, 0.5),
-                      alpha=alpha, progress=progress, max_candidates=half)
+                      alpha=alpha, progress=progress, max_candidates=max(1, cap // 2))
     found = two.run(_starts(rewritten.pcg, base, ev))
-    stats = one.stats + two.stats
-    return Found(found.pcg, found.views, found.report, found.start, rewritten.path + found.path), stats
+    return replace(found, path=rewritten.path + found.path), one.stats + two.stats
 
 
 _FROM_BASELINES = ("unity", "parallel_only")   # searches started from this run's baselines
