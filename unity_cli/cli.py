@@ -118,9 +118,8 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
               help="A ceiling on the seconds the whole run may take (default: none); the best plan so far "
                    "is kept, and the plan records \"cut_by_budget\" when it cut the search.")
 @click.option("--max-candidates", type=int,
-              help="Stop the searches after this many candidates in all (default: "
-                   "unity_cli.search.optimize.DEFAULT_CANDIDATES). A count, unlike seconds, gives the same "
-                   "plan on every machine; given, it wins over --budget.")
+              help="Stop the searches after this many candidates in all (default: 200). A count, unlike "
+                   "seconds, gives the same plan on every machine; given, it wins over --budget.")
 @click.option("--memory-limit", type=float, metavar="GB",
               help="Memory per device the plan may use, in GB (default: each device's capacity).")
 @click.option("--alpha", type=float, default=1.05, show_default=True,

@@ -142,3 +142,13 @@ def test_a_search_never_returns_less_than_the_baselines_it_started_from(tmp_path
     t = {k: c.report.step_time for k, c in res.candidates.items()}
     for search in ("unity", "parallel_only"):
         assert t[search] <= min(t["data_parallel"], t["tensor_parallel"]) * (1 + 1e-9), (search, t)
+
+
+def test_the_help_states_the_default_work_count():
+    from click.testing import CliRunner
+
+    from unity_cli.cli import cli
+    from unity_cli.search.optimize import DEFAULT_CANDIDATES
+
+    text = " ".join(CliRunner().invoke(cli, ["optimize", "--help"]).output.split())
+    assert f"(default: {DEFAULT_CANDIDATES})" in text
