@@ -6,7 +6,7 @@ and with unity's (the default), run alternately, side by side.
 
 Models: an MLP of 8 Linear layers of 1024 x 1024 without biases (32 MiB of weights, batch
 64), whose step allocates megabyte temporaries, and the shared bert_tiny and convnet_tiny
-(``../shared/models``, batch 4), whose temporaries are small. Prints a Markdown table of
+(``tests/models/shared``, batch 4), whose temporaries are small. Prints a Markdown table of
 median step times (``mpiexec -n 2 unity run --steps N --json``) and their ratio.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 UNITY, MPIEXEC = str(BIN / "unity"), str(BIN / "mpiexec")
 CLUSTER = REPO / "cluster_specs" / "local-cpu.yaml"
-SHARED = REPO.parent / "shared" / "models"
+SHARED = REPO / "tests" / "models" / "shared"
 
 
 def deep_mlp(path: Path, width: int = 1024, layers: int = 8) -> Path:

@@ -5,7 +5,7 @@ roofline, with the profile, and measured by ``unity run``, by default on
     python benchmarks/profile_accuracy.py [--steps 5] [--max-seconds 60] [--models bert_tiny,...]
         [--cluster SPEC --ranks P --backend numpy|cupy --batch B --strategies data_parallel,...]
 
-For the shared models (``../shared/models``): one ``mpiexec -n P unity profile`` measures
+For the shared models (``tests/models/shared``): one ``mpiexec -n P unity profile`` measures
 every model's pieces alone and the links and collectives between the P ranks; per model
 and strategy (data_parallel, tensor_parallel) ``unity optimize`` plans without and with
 the profile; ``mpiexec -n P unity profile --plan ...`` then times those plans' pieces
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = REPO.parent / "shared" / "models"
+MODELS = REPO / "tests" / "models" / "shared"
 CLUSTER = REPO / "cluster_specs" / "local-cpu.yaml"
 BIN = Path(sys.executable).parent
 UNITY = str(BIN / "unity")

@@ -2,8 +2,9 @@
 
 Import as ``from models.catalog import ...`` with ``tests/`` on ``sys.path``.
 
-* ``SHARED_MODELS_DIR``: ``shared/models`` beside the repo checkout (CI clones
-  the repo elsewhere but lays ``shared/`` beside it too).
+* ``SHARED_MODELS_DIR``: ``tests/models/shared``, the project's shared tiny models
+  (BERT and a convnet, TorchScript and dynamo exports, with their ``export.py``),
+  vendored so a plain clone tests them.
 * ``EXPORTED_DIR``: ``tests/models/exported``, real torch.onnx exports (see its
   README.md and export.py).
 * ``EXPORTED_MODELS`` / ``SHARED_MODELS``: ``(filename, {input name: shape})``
@@ -24,7 +25,7 @@ from models.zoo9 import ZOO9
 
 from unity_cli.zoo.net import external_ref
 
-SHARED_MODELS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "models"
+SHARED_MODELS_DIR = Path(__file__).resolve().parent / "shared"
 EXPORTED_DIR = Path(__file__).resolve().parent / "exported"
 
 InputShapes = dict[str, list[int]]

@@ -529,12 +529,7 @@ def planned_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
                                        [(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
                                         for _, src, shape, dt in m.recv], m.tag)))
         if m.step.kind is StepKind.FUSED:
-            src = m.step.source
-            for c in m.colls:
-                if c.kind is CollectiveKind.ALLREDUCE:
-                    calls.append(("allreduce", (c.group, piece(src))))
-                else:
-                    calls.append(("allgather", (c.group, piece(src), Buf(len(c.group) * piece(src).nbytes))))
+            calls.extend(_fused_calls(m.colls, piece(m.step.source), backward=False))
             continue
         for c in m.colls:
             rd = m.step.tasks[c.covered[0][0]].reads[c.covered[0][1]]
@@ -556,12 +551,7 @@ def planned_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
         if not m.active:
             continue
         if m.step.kind is StepKind.FUSED:
-            src = m.step.source
-            for c in m.colls_back:
-                if c.kind is CollectiveKind.ALLREDUCE:
-                    calls.append(("allreduce", (c.group, piece(src))))
-                else:
-                    calls.append(("reduce_scatter", (c.group, Buf(len(c.group) * piece(src).nbytes), piece(src))))
+            calls.extend(_fused_calls(m.colls_back, piece(m.step.source), backward=True))
             continue
         if m.grad_send or m.grad_recv:
             calls.append(("exchange", ([(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
@@ -591,3 +581,18 @@ def planned_sent(p: Program, me: int, size: int) -> ByteCounter:
     for name, args in planned_calls(p, me, size):
         count_call(counter, name, me, size, args)
     return counter
+
+
+def _fused_calls(colls, src, backward: bool) -> list[tuple]:
+    """The calls of a fused pair's collectives on piece ``src``: all-reduces, and forward an
+    all-gather (backward its reduce-scatter) over the whole group's buffer."""
+    out = []
+    for c in colls:
+        whole = Buf(len(c.group) * src.nbytes)
+        if c.kind is CollectiveKind.ALLREDUCE:
+            out.append(("allreduce", (c.group, src)))
+        elif backward:
+            out.append(("reduce_scatter", (c.group, whole, src)))
+        else:
+            out.append(("allgather", (c.group, src, whole)))
+    return out
