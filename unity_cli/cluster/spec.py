@@ -104,6 +104,12 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     inter_link: Link
     _offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        # Cached: the cost model keys its caches by cluster, and hashing 32 nodes' specs on
+        # every lookup was most of the time of pricing a move on 192 devices.
+        return self._hash
 
     def __post_init__(self) -> None:
         nodes = tuple(self.nodes)
@@ -126,6 +132,7 @@ class ClusterSpec:
         if duplicates:
             raise ClusterSpecError(f"{where}: duplicate node name {duplicates[0]!r}")
         object.__setattr__(self, "_offsets", tuple(offsets))
+        object.__setattr__(self, "_hash", hash((self.name, nodes, self.inter_link)))
 
     @property
     def num_devices(self) -> int:

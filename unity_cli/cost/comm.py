@@ -18,6 +18,7 @@ link of that kind in the spec. Anything not measured keeps the spec's numbers.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -125,6 +126,12 @@ def _route(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> tuple[Link,
     """The link one of several concurrent groups gets, its kind, and how many groups share
     each node's interface: intra-node if every group stays on one node; otherwise the
     network, shared by all the groups that leave each node."""
+    return _routed(cluster, tuple(tuple(g) for g in groups))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _routed(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -> tuple[Link, str | None, int]:
+    """:func:`_route`, cached: a search prices the same groups of devices over and over."""
     spanning = [g for g in groups if len({cluster.node_of(d) for d in g}) > 1]
     if not spanning:
         multi = [g for g in groups if len(g) > 1]

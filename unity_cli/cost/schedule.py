@@ -452,11 +452,15 @@ class Schedule:
         group: dict[int, Group] = {}
         pieces: dict[int, tuple[tuple[int, Region, float], ...]] = {}
         everyone = tuple(sorted(regions))
+        holders: dict[tuple, list[int]] = {}
+        for q in everyone:
+            for k in per_rank[q]:
+                holders.setdefault(k, []).append(q)
         for rank, rs in sorted(regions.items()):
             if tiled:
                 key = next(iter(per_rank[rank]))
                 master[rank] = tuple(slice(a, b) for a, b in key)
-                group[rank] = tuple(sorted(q for q, ks in per_rank.items() if key in ks))
+                group[rank] = tuple(holders[key])
                 pieces[rank] = tuple((i, tuple(slice(0, b - a) for a, b in key), s) for i, _, s in rs)
             else:
                 master[rank] = whole

@@ -187,13 +187,23 @@ def _starts(pcg: PCG, candidates: dict[str, Candidate],
 SOLVED_WORK = 600
 """The outer level's work budget: operators x solver calls (each candidate of the algebraic
 search is solved whole), so a large graph gets few candidates and a small one many."""
+POLISH_WORK = 4_000
+"""The work budget, in operators x candidates, of the whole-graph searches that polish a
+solved plan (``unity``) or rewrite for one device (``algebraic_then_parallel``): each
+candidate is rewritten and simulated whole, so its price grows with the graph."""
+
+
+def scaled_candidates(pcg: PCG, cap: int, work: int) -> int:
+    """How many candidates a search whose candidates cost in proportion to the graph may
+    cost: ``work`` over the graph's operators, at most ``cap``, at least one."""
+    ops = sum(1 for _, n in pcg if not n.spec.is_source)
+    return max(1, min(cap, work // max(1, ops)))
 
 
 def solved_candidates(pcg: PCG, cap: int) -> int:
     """How many candidates the solver-priced algebraic search may cost: out of ``SOLVED_WORK``,
     at most a quarter of the joint search's ``cap``."""
-    ops = sum(1 for _, n in pcg if not n.spec.is_source)
-    return max(1, min(cap // 4, SOLVED_WORK // max(1, ops)))
+    return scaled_candidates(pcg, cap // 4, SOLVED_WORK)
 
 
 def _part(budget: float | None, share: float) -> float | None:
@@ -201,26 +211,42 @@ def _part(budget: float | None, share: float) -> float | None:
     return None if budget is None else budget * share
 
 
+POLISH_PATIENCE = 24
+"""When the inner solver has parallelized the graph, the whole-graph search over every rule
+that follows only polishes its plan and the baselines: it stops after this many candidates
+without improvement (a count, like every stop)."""
+
+
 def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
-    """Algebraic and parallelization rules together (the joint search). A large graph is
-    first solved segment by segment (half the work); the stitched result is one more start."""
+    """Algebraic and parallelization rules together (the joint search). On a plain graph,
+    the outer level walks its algebraic rewrites, each parallelized by the inner solver;
+    its plan, the solver's and the baselines start a short best-first search over every
+    rule. A graph the solver cannot take is solved segment by segment (half the work),
+    and the stitched result is one more start."""
     t0 = time.monotonic()
-    seg, seg_stats = search_segments(pcg, cluster, config, rules, _part(budget, 0.25), alpha, batch_size(pcg),
-                                     max_candidates=max(1, cap // 2), progress=progress)
-    starts = _starts(pcg, candidates, ev) + ([("segments", seg.pcg, seg.path)] if seg is not None else [])
-    if not any(n.spec.is_parallel_op for _, n in pcg):
+    starts = _starts(pcg, candidates, ev)
+    solved = any(name == "solver" for name, _, _ in starts)
+    stats = SearchStats()
+    if solved:
         # Algebraic rewrites of the plain graph, each parallelized by the inner solver.
         outer = SolvedSearch(cluster, config, [r for r in rules if not r.is_parallel], budget=_part(budget, 0.25),
                              alpha=alpha, progress=progress, max_candidates=solved_candidates(pcg, cap),
                              solve=ev.solve)
         won = outer.run([("plain", pcg, ())])
         starts.append(("rewritten and solved", won.pcg, won.path))
-        seg_stats = seg_stats + outer.stats
+        stats = outer.stats
+    else:
+        seg, stats = search_segments(pcg, cluster, config, rules, _part(budget, 0.25), alpha, batch_size(pcg),
+                                     max_candidates=max(1, cap // 2), progress=progress)
+        if seg is not None:
+            starts.append(("segments", seg.pcg, seg.path))
     left = None if budget is None else max(0.0, budget - (time.monotonic() - t0))
+    rest = max(1, cap - stats.candidates)
     search = JointSearch(cluster, config, rules, budget=left, alpha=alpha, progress=progress,
-                         max_candidates=max(1, cap - seg_stats.candidates))
+                         max_candidates=scaled_candidates(pcg, rest, POLISH_WORK) if solved else rest,
+                         patience=POLISH_PATIENCE if solved else JointSearch.patience)
     found = search.run(starts)
-    return found, seg_stats + search.stats
+    return found, stats + search.stats
 
 
 def _solved(pcg: PCG, cluster: ClusterSpec, config: CostConfig, ev: _Evaluator, start: str) -> Found | None:
@@ -250,7 +276,8 @@ def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progres
     """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize the
     result with the inner solver (or, on a graph it cannot take, the parallelization rules)."""
     one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel],
-                      budget=_part(budget, 0.5), alpha=alpha, progress=progress, max_candidates=max(1, cap // 2))
+                      budget=_part(budget, 0.5), alpha=alpha, progress=progress,
+                      max_candidates=scaled_candidates(pcg, max(1, cap // 2), POLISH_WORK))
     rewritten = one.run([("plain", pcg, ())])
     found = _solved(rewritten.pcg, cluster, config, ev, "solver")
     if found is not None:

@@ -32,11 +32,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost, update_seconds
@@ -48,6 +46,7 @@ from ..ir.opspec import SUM, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
+from .elimination import TooWide, minimize
 from .reshard import reshard
 from .views import default_views
 
@@ -55,6 +54,11 @@ COPY = "copy"
 VARIABLE_LIMIT = 400_000
 """Integer programs larger than this (variables) are not solved: the caller keeps its other
 starts. A count, not seconds, so the same inputs give the same plan on any machine."""
+SYNC_WEIGHTS = (1.0, 0.0)
+"""How much of the weight-gradient sync each solve charges. The additive objective cannot
+see that the step simulation runs the sync beside the backward pass: charged in full
+(an upper bound) it overprices data parallelism, charged nothing (a lower bound) it
+underprices it. Each mesh is solved at both ends and the simulation picks."""
 NODE_LIMIT = 2_000
 """Branch-and-bound nodes HiGHS may explore per program (a work bound, not a time one)."""
 
@@ -81,6 +85,17 @@ class Problem:
     node_memory: dict[int, tuple[float, ...]]
     edges: tuple[tuple[int, int, np.ndarray], ...]      # (producer, consumer, cost[producer option, consumer option])
     capacity: float
+    node_sync: dict[int, tuple[float, ...]] | None = None   # per option: the part of node_cost that is weight sync
+
+    def sync_weighted(self, weight: float) -> Problem:
+        """The same problem with weight sync charged at ``weight`` times its price: the step
+        simulation runs the sync beside the backward pass, so the additive objective's full
+        charge is an upper bound on what it costs, and nothing is a lower one."""
+        if weight == 1.0 or self.node_sync is None:
+            return self
+        cost = {i: tuple(c - (1.0 - weight) * s for c, s in zip(self.node_cost[i], self.node_sync[i], strict=True))
+                for i in self.nodes}
+        return replace(self, node_cost=cost, node_sync=None)
 
     def objective(self, choice: dict[int, int]) -> float:
         """The additive cost of one assignment (node -> option index)."""
@@ -195,7 +210,8 @@ class Tables:
         self.edges: dict = {}
 
     def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool) -> tuple:
-        """(options, cost per option, memory per option) of compute node ``i``."""
+        """(options, cost per option, memory per option, weight sync per option) of compute
+        node ``i``."""
         n = pcg.nodes[i]
         kinds = tuple(_source_kind(pcg.nodes[r.node]) for r in n.inputs)
         key = (n.op, tuple(pcg.shape(r) for r in n.inputs), kinds, mesh, returned)
@@ -211,14 +227,17 @@ class Tables:
             raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {mesh[0] * mesh[1]} "
                              "devices")
         states = 2 + config.optimizer.states
-        costs, mems = [], []
+        costs, mems, syncs = [], [], []
         for o in opts:
             fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile)
             t = fwd + bwd
+            sync = 0.0
             mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
             for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
                 if kind in ("weight", "constant"):
-                    t += pricer.move(pcg.shape(r), want, kind)
+                    moved = pricer.move(pcg.shape(r), want, kind)
+                    t += moved
+                    sync += moved if kind == "weight" else 0.0
                     mem += want.piece.numel * 4 * (states if kind == "weight" else 1)
                     if kind == "weight":
                         t += update_seconds(want.piece.numel, device, config)
@@ -230,7 +249,8 @@ class Tables:
                         t += pricer.move(s, s.with_replicas(sum_degree=1))
             costs.append(t)
             mems.append(float(mem))
-        return opts, tuple(costs), tuple(mems)
+            syncs.append(sync)
+        return opts, tuple(costs), tuple(mems), tuple(syncs)
 
     def edge(self, ukey: tuple, vkey: tuple, index: int, k: int, grad: bool,
              producer: tuple[Option, ...], consumer: tuple[Option, ...]) -> np.ndarray:
@@ -260,11 +280,12 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     options: dict[int, tuple[Option, ...]] = {}
     node_cost: dict[int, tuple[float, ...]] = {}
     node_memory: dict[int, tuple[float, ...]] = {}
+    node_sync: dict[int, tuple[float, ...]] = {}
     returned = {r.node for r in pcg.outputs}
     grads = needs_grad(pcg, pcg.outputs[0])
     keys = {}
     for i in nodes:
-        options[i], node_cost[i], node_memory[i] = tables.node(pcg, i, mesh, i in returned)
+        options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, mesh, i in returned)
         keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned)
     edges = []
     for v in nodes:
@@ -277,7 +298,8 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
             edges.append((u, v, table))
     caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
     capacity = float(min(caps) if config.memory_limit is None else min(min(caps), config.memory_limit))
-    return Problem(pcg, mesh[0] * mesh[1], nodes, options, node_cost, node_memory, tuple(edges), capacity)
+    return Problem(pcg, mesh[0] * mesh[1], nodes, options, node_cost, node_memory, tuple(edges), capacity,
+                   node_sync)
 
 
 def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
@@ -324,14 +346,81 @@ def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
 
 def solve_problem(p: Problem) -> dict[int, int] | None:
     """The assignment of least objective that fits in memory (None: none fits, or the
-    program is too large), by mixed-integer programming on the problem without its
-    dominated options (:func:`prune_dominated`)."""
+    program is too large), on the problem without its dominated options
+    (:func:`prune_dominated`).
+
+    First by variable elimination, ignoring memory (the dynamic program over the graph's
+    structure, ``elimination.py``): when its optimum fits, no assignment that fits is
+    cheaper, so it is the answer. When memory binds, the elimination is repeated with memory
+    priced at a rate (Lagrangian relaxation, :func:`_priced_memory`): each run's optimum
+    bounds the answer from below, and the cheapest that fits is kept. When the two meet,
+    that is the answer; otherwise a program of at most :data:`MILP_VARIABLES` goes to the
+    integer program with memory as a constraint (exact), and a larger one keeps the
+    cheapest that fits. A graph too entangled to eliminate goes to the integer program."""
     q, kept = prune_dominated(p)
-    choice = _solve_milp(q)
+    sizes = {i: len(q.options[i]) for i in q.nodes}
+    try:
+        value, choice = minimize(sizes, q.node_cost, q.edges)
+        if not math.isfinite(value):
+            return None
+        if not q.fits(choice):
+            choice, proved = _priced_memory(q, sizes)
+            if not proved and _variables(q) <= MILP_VARIABLES:
+                choice = _solve_milp(q)
+    except TooWide:
+        choice = _solve_milp(q)
     return None if choice is None else {i: kept[i][k] for i, k in choice.items()}
 
 
+MILP_VARIABLES = 40_000
+"""The largest integer program (variables) solved when memory binds and the Lagrangian
+bound has not closed: beyond it, the cheapest assignment that fits that the relaxation
+found is kept (a count, so the path taken is the same on every machine)."""
+RATE_STEPS = 24
+"""Eliminations per Lagrangian search: the rate's doublings and then its bisections."""
+
+
+def _variables(p: Problem) -> int:
+    return sum(len(o) for o in p.options.values()) + sum(t.size for _, _, t in p.edges)
+
+
+def _priced_memory(p: Problem, sizes: dict[int, int]) -> tuple[dict[int, int] | None, bool]:
+    """The cheapest assignment that fits among the optima of ``objective + rate * memory``
+    over rates found by doubling then bisection, and whether it is proved optimal: some
+    rate's optimum ``x`` gives the lower bound ``objective(x) + rate * (memory(x) -
+    capacity)`` on every assignment that fits, and the kept one meets it (to 1e-9)."""
+    memory = {i: np.asarray(p.node_memory[i]) for i in p.nodes}
+    cost = {i: np.asarray(p.node_cost[i]) for i in p.nodes}
+
+    def at(rate: float) -> tuple[dict[int, int], float, float]:
+        _, x = minimize(sizes, {i: cost[i] + rate * memory[i] for i in p.nodes}, p.edges)
+        return x, p.objective(x), sum(float(memory[i][x[i]]) for i in p.nodes)
+
+    scale = max(float(np.max(c[np.isfinite(c)], initial=0.0)) for c in cost.values()) or 1.0
+    rate = scale / max(p.capacity, 1.0)
+    best, best_value, bound = None, math.inf, -math.inf
+    low, high = 0.0, None
+    for _ in range(RATE_STEPS):
+        x, value, used = at(rate)
+        bound = max(bound, value + rate * (used - p.capacity))
+        if used <= p.capacity:
+            if value < best_value:
+                best, best_value = x, value
+            high = rate
+        else:
+            low = rate
+        if best is not None and best_value - bound <= 1e-9 * abs(best_value):
+            return best, True
+        rate = rate * 4 if high is None else (low + high) / 2 if low > 0 else high / 4
+    return best, False
+
+
 def _solve_milp(p: Problem) -> dict[int, int] | None:
+    # Imported here: scipy.optimize takes half a second to import, and the elimination
+    # answers most problems without it.
+    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
+    from scipy.sparse import coo_array  # noqa: PLC0415
+
     index: dict[tuple[int, int], int] = {}
     for i in p.nodes:
         for k in range(len(p.options[i])):
@@ -443,16 +532,19 @@ def solve(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(),
             p = build_problem(pcg, cluster, config, mesh, tables)
         except ShapeError:
             continue
-        choice = solve_problem(p)
-        if choice is None:
-            continue
-        # The meshes' optima are compared as the final pricing sees them: the step simulation
-        # overlaps what the additive objective adds up.
-        g = realize(p, choice)
-        rep = estimate(g, default_views(g), cluster, config)
-        if not rep.feasible:
-            continue
-        if best is None or rep.step_time < best_time * (1 - 1e-12):
-            best, best_time = Solution(g, p.objective(choice), mesh, {i: p.options[i][k] for i, k in choice.items()}), \
-                rep.step_time
+        tried: set[tuple[int, ...]] = set()
+        for weight in SYNC_WEIGHTS:
+            choice = solve_problem(p.sync_weighted(weight))
+            if choice is None or (key := tuple(choice[i] for i in p.nodes)) in tried:
+                continue
+            tried.add(key)
+            # The optima are compared as the final pricing sees them: the step simulation
+            # overlaps what the additive objective adds up.
+            g = realize(p, choice)
+            rep = estimate(g, default_views(g), cluster, config)
+            if not rep.feasible:
+                continue
+            if best is None or rep.step_time < best_time * (1 - 1e-12):
+                best = Solution(g, p.objective(choice), mesh, {i: p.options[i][k] for i, k in choice.items()})
+                best_time = rep.step_time
     return best
