@@ -197,8 +197,16 @@ def node_moves(st: Structure, i: int, views: Views, dtype: DType = DType.FLOAT32
     return tuple(moves)
 
 
-def _read_bytes(pcg: PCG, rd: Read, dtype: DType) -> int:
-    return math.prod(read_shape(pcg, rd)) * itemsize(pcg.shape(rd.ref), dtype)
+def _read_bytes(pcg: PCG, rd: Read, dtype: DType, memo: dict | None = None) -> int:
+    """Bytes a read brings; ``memo`` keeps each tensor's piece between the reads of a step."""
+    if memo is None:
+        return math.prod(read_shape(pcg, rd)) * itemsize(pcg.shape(rd.ref), dtype)
+    hit = memo.get(rd.ref)
+    if hit is None:
+        shape = pcg.shape(rd.ref)
+        hit = memo[rd.ref] = (shape.piece.dims, itemsize(shape, dtype))
+    dims, size = hit
+    return math.prod(dims if rd.region is None else region_shape(rd.region, dims)) * size
 
 
 def step_moves(st: Structure, sched: Schedule, step: Step, dtype: DType) -> list[Move]:
@@ -222,11 +230,12 @@ def step_moves(st: Structure, sched: Schedule, step: Step, dtype: DType) -> list
                     out.append(Move(Collective.REDUCE_SCATTER, "bwd", c.group, nb))
         return out
     covered = {(ti, ri) for c in step.collectives for ti, ri in c.covered}
+    memo: dict = {}
     for ti, t in enumerate(step.tasks):
         for ri, rd in enumerate(t.reads):
             if (ti, ri) in covered or rd.src in (LOCAL, t.rank):
                 continue
-            nb = _read_bytes(pcg, rd, dtype)
+            nb = _read_bytes(pcg, rd, dtype, memo)
             out.append(Move(Collective.P2P, "fwd", (rd.src, t.rank), nb))
             if back and rd.ref in st.grads:
                 out.append(Move(Collective.P2P, "bwd", (t.rank, rd.src), nb))

@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from ..cluster.machine_view import MachineView
 from ..errors import PlanError
 from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, ReplicateAttrs, reduces_copies
@@ -340,10 +342,10 @@ class Schedule:
         r = x.rank
         d = n.op.degree
         tasks = []
+        m = y.piece.dims[n.op.dim] if n.kind == "Repartition" else 0
         for c, rank in self.owners(i).items():
             match n.kind:
                 case "Repartition":
-                    m = y.piece.dims[n.op.dim]
                     k = c[n.op.dim] % d
                     region = tuple(slice(k * m, (k + 1) * m) if a == n.op.dim else slice(None) for a in range(r))
                     reads = (self.read(src, with_axis(c, n.op.dim, c[n.op.dim] // d), rank, region),)
@@ -515,9 +517,11 @@ def _key(region: Region) -> tuple[tuple[int, int], ...]:
 
 
 def _disjoint(regions: set[tuple[tuple[int, int], ...]]) -> bool:
-    rs = sorted(regions)
-    for i, a in enumerate(rs):
-        for b in rs[i + 1:]:
-            if all(max(x0, y0) < min(x1, y1) for (x0, x1), (y0, y1) in zip(a, b, strict=True)):
-                return False
-    return True
+    """Whether no two of the boxes overlap (all pairs at once: 192 pieces are 18k pairs)."""
+    if len(regions) < 2:
+        return True
+    box = np.array(sorted(regions), dtype=np.int64)          # [box, dim, (start, stop)]
+    lo, hi = box[:, :, 0], box[:, :, 1]
+    overlap = (np.maximum(lo[:, None], lo[None]) < np.minimum(hi[:, None], hi[None])).all(axis=2)
+    np.fill_diagonal(overlap, False)
+    return not overlap.any()

@@ -10,7 +10,10 @@ of 24 identical layers costs 24 times one layer's elimination.
 
 The order is chosen greedily, smallest new table first (ties by variable), so it is the
 same on every run. An elimination whose table would exceed ``limit`` entries gives up
-(``None``), and the caller takes the integer program instead.
+(:class:`TooWide`), and the caller takes the integer program instead. The order and every
+step's axes depend only on which tables there are, not on their values, so an
+:class:`Elimination` is planned once and run for many cost tables of one shape (the
+solver's Lagrangian search changes only the per-variable costs).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,74 +40,102 @@ def minimize(sizes: Mapping[int, int], unary: Mapping[int, Sequence[float]],
     over ``x_v in range(sizes[v])``. The total is ``inf`` when every assignment meets an
     infinite entry. Of equal optima the one with the lowest indices in elimination order
     wins, so the answer is deterministic. Raises :class:`TooWide` past ``limit``."""
-    factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
-    touching: dict[int, set[int]] = {v: set() for v in sizes}
+    return Elimination(sizes, [(u, v) for u, v, _ in pairs], limit).run(unary, [t for _, _, t in pairs])
 
-    ids = itertools.count()
 
-    def add(scope: tuple[int, ...], table: np.ndarray) -> None:
-        f = next(ids)
-        factors[f] = (scope, table)
-        for v in scope:
-            touching[v].add(f)
+@dataclass(frozen=True, slots=True)
+class _Step:
+    var: int
+    rest: tuple[int, ...]                               # the new table's variables
+    reads: tuple[tuple[int, tuple[int, ...] | None, tuple[int, ...]], ...]   # (table, axes order, shape)
+    writes: int | None                                  # the new table's id (None: a constant)
 
-    for v in sizes:
-        add((v,), np.asarray(unary[v], dtype=float))
-    for u, v, table in pairs:
-        if u == v:
-            add((u,), np.diagonal(np.asarray(table, dtype=float)).copy())
-        else:
-            add((u, v), np.asarray(table, dtype=float))
 
-    def neighbours(v: int) -> set[int]:
-        return {u for f in touching[v] for u in factors[f][0]} - {v}
+class Elimination:
+    """The elimination order of one set of variables and pairwise tables, planned once."""
 
-    def width(v: int) -> int:
-        return math.prod(sizes[u] for u in neighbours(v))
+    def __init__(self, sizes: Mapping[int, int], pairs: Sequence[tuple[int, int]], limit: int = TABLE_LIMIT):
+        self.sizes = dict(sizes)
+        self.pairs = tuple(pairs)
+        self.variables = tuple(sorted(sizes))
+        scopes: dict[int, tuple[int, ...]] = {}
+        touching: dict[int, set[int]] = {v: set() for v in sizes}
+        ids = itertools.count()
 
-    heap = [(width(v), v) for v in sorted(sizes)]
-    heapq.heapify(heap)
-    done: set[int] = set()
-    trace: list[tuple[int, tuple[int, ...], np.ndarray]] = []
-    constant = 0.0
-    while heap:
-        w, v = heapq.heappop(heap)
-        if v in done:
-            continue
-        now = width(v)
-        if now != w:                      # stale entry: its neighbourhood changed since
-            heapq.heappush(heap, (now, v))
-            continue
-        if now > limit:
-            raise TooWide(f"eliminating a variable would build a table of {now} entries")
-        rest = tuple(sorted(neighbours(v)))
-        scope = rest + (v,)
-        total = np.zeros(tuple(sizes[u] for u in scope))
-        for f in sorted(touching[v]):
-            fscope, table = factors.pop(f)
-            for u in fscope:
-                if u != v:
-                    touching[u].discard(f)
-            total = total + _aligned(table, fscope, scope)
-        touching[v] = set()
-        done.add(v)
-        best = total.min(axis=-1)
-        trace.append((v, rest, total.argmin(axis=-1)))
-        if rest:
-            add(rest, best)
+        def add(scope: tuple[int, ...]) -> int:
+            f = next(ids)
+            scopes[f] = scope
+            for v in scope:
+                touching[v].add(f)
+            return f
+
+        for v in self.variables:
+            add((v,))
+        for u, v in self.pairs:
+            add((u,) if u == v else (u, v))
+
+        def neighbours(v: int) -> set[int]:
+            return {u for f in touching[v] for u in scopes[f]} - {v}
+
+        def width(v: int) -> int:
+            return math.prod(sizes[u] for u in neighbours(v))
+
+        heap = [(width(v), v) for v in self.variables]
+        heapq.heapify(heap)
+        done: set[int] = set()
+        steps: list[_Step] = []
+        while heap:
+            w, v = heapq.heappop(heap)
+            if v in done:
+                continue
+            now = width(v)
+            if now != w:                      # stale entry: its neighbourhood changed since
+                heapq.heappush(heap, (now, v))
+                continue
+            if now > limit:
+                raise TooWide(f"eliminating a variable would build a table of {now} entries")
+            rest = tuple(sorted(neighbours(v)))
+            scope = rest + (v,)
+            reads = []
+            for f in sorted(touching[v]):
+                fscope = scopes.pop(f)
+                for u in fscope:
+                    if u != v:
+                        touching[u].discard(f)
+                order = tuple(sorted(range(len(fscope)), key=lambda k: scope.index(fscope[k])))
+                order = None if order == tuple(range(len(fscope))) else order
+                shape = tuple(sizes[u] if u in fscope else 1 for u in scope)
+                reads.append((f, order, shape))
+            touching[v] = set()
+            done.add(v)
+            steps.append(_Step(v, rest, tuple(reads), add(rest) if rest else None))
             for u in rest:
                 heapq.heappush(heap, (width(u), u))
-        else:
-            constant += float(best)
-    for _, table in factors.values():   # only constants can remain
-        constant += float(table)
-    choice: dict[int, int] = {}
-    for v, rest, arg in reversed(trace):
-        choice[v] = int(arg[tuple(choice[u] for u in rest)])
-    return constant, choice
+        self.steps = tuple(steps)
 
-
-def _aligned(table: np.ndarray, scope: tuple[int, ...], into: tuple[int, ...]) -> np.ndarray:
-    """``table`` (axes in ``scope`` order) as an array broadcastable over ``into``'s axes."""
-    t = np.transpose(table, sorted(range(len(scope)), key=lambda k: into.index(scope[k])))
-    return t.reshape([table.shape[scope.index(u)] if u in scope else 1 for u in into])
+    def run(self, unary: Mapping[int, Sequence[float]], tables: Sequence[np.ndarray]) -> tuple[float, dict[int, int]]:
+        """:func:`minimize` of these per-variable costs and pairwise tables (in ``pairs`` order)."""
+        data: dict[int, np.ndarray] = {}
+        for f, v in enumerate(self.variables):
+            data[f] = np.asarray(unary[v], dtype=float)
+        for f, ((u, v), t) in enumerate(zip(self.pairs, tables, strict=True), start=len(self.variables)):
+            t = np.asarray(t, dtype=float)
+            data[f] = np.diagonal(t).copy() if u == v else t
+        constant = 0.0
+        args: list[np.ndarray] = []
+        for step in self.steps:
+            total = None
+            for f, order, shape in step.reads:
+                part = data.pop(f)
+                part = (part if order is None else part.transpose(order)).reshape(shape)
+                total = part if total is None else total + part
+            best = total.min(axis=-1)
+            args.append(total.argmin(axis=-1))
+            if step.writes is None:
+                constant += float(best)
+            else:
+                data[step.writes] = best
+        choice: dict[int, int] = {}
+        for step, arg in zip(reversed(self.steps), reversed(args), strict=True):
+            choice[step.var] = int(arg[tuple(choice[u] for u in step.rest)])
+        return constant, choice

@@ -46,7 +46,7 @@ from ..ir.opspec import SUM, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
-from .elimination import TooWide, minimize
+from .elimination import Elimination, TooWide, minimize
 from .reshard import reshard
 from .views import default_views
 
@@ -391,9 +391,11 @@ def _priced_memory(p: Problem, sizes: dict[int, int]) -> tuple[dict[int, int] | 
     capacity)`` on every assignment that fits, and the kept one meets it (to 1e-9)."""
     memory = {i: np.asarray(p.node_memory[i]) for i in p.nodes}
     cost = {i: np.asarray(p.node_cost[i]) for i in p.nodes}
+    plan = Elimination(sizes, [(u, v) for u, v, _ in p.edges])
+    tables = [t for _, _, t in p.edges]
 
     def at(rate: float) -> tuple[dict[int, int], float, float]:
-        _, x = minimize(sizes, {i: cost[i] + rate * memory[i] for i in p.nodes}, p.edges)
+        _, x = plan.run({i: cost[i] + rate * memory[i] for i in p.nodes}, tables)
         return x, p.objective(x), sum(float(memory[i][x[i]]) for i in p.nodes)
 
     scale = max(float(np.max(c[np.isfinite(c)], initial=0.0)) for c in cost.values()) or 1.0
