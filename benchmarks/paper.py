@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import sys
 import tempfile
 import time
@@ -208,6 +209,7 @@ def main() -> None:
     print(header + "\n", flush=True)
     rows: list[Row] = []
     started = time.monotonic()
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             path = Path(tmp) / f"{name}.onnx"
@@ -222,7 +224,10 @@ def main() -> None:
     table = markdown(rows, header)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "paper.md").write_text(table + f"\ntotal {total / 60:.1f} min on this machine\n")
+    load1 = os.getloadavg()
+    load = (f"load average (1, 5, 15 min) {', '.join(f'{x:.2f}' for x in load0)} at the start, "
+            f"{', '.join(f'{x:.2f}' for x in load1)} at the end, on {os.cpu_count()} cores")
+    (out / "paper.md").write_text(table + f"\ntotal {total / 60:.1f} min on this machine; {load}\n")
     write_csv(rows, out / "paper.csv")
     print("\n" + table)
     if args.plot:

@@ -1,4 +1,4 @@
-"""The inner level of the search: choose every operator's parallelization at once, exactly.
+"""The inner level of the search: choose every operator's parallelization at once.
 
 For a fixed graph, each compute operator picks an *option*: the degrees of its output dims
 and of its contracted dim, the rest of the devices holding replicas. An option is legal
@@ -13,19 +13,28 @@ parallelism, Megatron's column-then-row pairs, TP x DP hybrids of any factorizat
 row-split embedding tables beside data-parallel dense layers, and a different choice per
 layer are all points of one space.
 
-The objective adds, per operator, its piece's forward + backward time; per edge, the
-time of the parallel ops that bring the producer's layout to what the consumer reads (the
-resharding); per trainable weight read replicated, its gradient all-reduce; and, at a
-graph output left as partial sums, their reduction. All are priced by the cost model
-(``cost.model``) on tiny graphs, so the solver and the final pricing agree on every
-piece. Memory per device (activations kept for backward, weights with their gradients
-and optimizer state) is a hard constraint. The choice is an integer program solved
-exactly by HiGHS (``scipy.optimize.milp``): one binary per (operator, option), and per
-edge one variable per pair of options tied to the two choices by its marginals (the
-local-consistency form, whose relaxation is tight on trees, so HiGHS rarely branches).
-Each mesh's optimum is then priced by the step simulation, and the fastest mesh wins.
-``brute_force`` enumerates the same space and is the tests' oracle. The solved graph is
-then machine-mapped and priced by ``cost.model.estimate`` like any other candidate.
+The objective adds, per operator, its piece's forward + backward time and its weights'
+optimizer update; per edge, the time of the parallel ops that bring the producer's layout
+to what the consumer reads (the resharding, its backward only where the gradient flows);
+per trainable weight read replicated, its gradient all-reduce; and, at a graph output left
+as partial sums, their reduction. All are priced by the cost model (``cost.model``) on tiny
+graphs, so the solver and the final pricing agree on every piece. Memory per device
+(activations kept for backward, weights with their gradients and optimizer state) is a
+hard constraint.
+
+The choice is solved exactly by dynamic programming over the graph's structure: variable
+elimination (``elimination.py``), whose work is linear in the number of layers and whose
+tables span two or three operators on DNNs with residual connections. When its optimum
+needs more memory than a device has, memory is priced at a rate and the elimination rerun
+(Lagrangian relaxation): each rate's optimum is a lower bound, and the cheapest that fits
+is kept. A program whose bound does not close and that is small enough goes to HiGHS
+(``scipy.optimize.milp``, one binary per (operator, option), per edge one variable per pair
+tied to the two choices by its marginals), so small problems are always exact; a large one
+keeps the relaxation's plan. The additive objective cannot see the step simulation run the
+weight sync beside the backward pass, so each mesh is solved with the sync charged in full
+and not at all, and each optimum is priced by the simulation; the fastest wins.
+``brute_force`` enumerates the same space and is the tests' oracle. The solved graph is then
+machine-mapped and priced by ``cost.model.estimate`` like any other candidate.
 """
 from __future__ import annotations
 
