@@ -20,8 +20,9 @@ run-demo: setup
 	$(UNITY) optimize examples/bert_tiny.onnx --cluster cluster_specs/local-cpu.yaml --out plan.json
 	$(VENV)/bin/mpiexec -n 2 $(UNITY) run plan.json --check
 
+# On as many processes as the machine has cores (-n auto: 2 on CI); `pytest FILE` runs serially.
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 lint: setup
 	$(VENV)/bin/ruff check unity_cli tests benchmarks

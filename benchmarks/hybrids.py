@@ -2,6 +2,7 @@
 
     python benchmarks/hybrids.py [--models all|NAME,...] [--clusters summit-8,summit-48,summit-192,dgx-a100-32]
                                  [--budget S] [--max-candidates N] [--scale paper|small] [--optimizer adam]
+                                 [--out benchmarks/results/hybrids.md]
 
 For each of the paper's seven DNNs (``unity_cli.zoo``, weights shape-only, the per-device
 batch of ``benchmarks/paper.py`` times the device count) and each cluster (the first 8, 48
@@ -133,6 +134,8 @@ def main() -> None:
     ap.add_argument("--max-candidates", type=int, help="a work budget for the search instead (machine-independent)")
     ap.add_argument("--scale", choices=zoo.SCALES, default="paper")
     ap.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adam")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "hybrids.md"),
+                    help="where the table goes ('' for stdout only)")
     args = ap.parse_args()
     names = list(zoo.MODELS) if args.models == "all" else [zoo.lookup(m).name for m in args.models.split(",")]
     clusters = [c.strip() for c in args.clusters.split(",")]
@@ -160,11 +163,18 @@ def main() -> None:
                 print(f"  {name} on {c}: best hybrid {p.best_hybrid} {_ms(p.best_hybrid_s)} ms, "
                       f"unity {_ms(p.unity_s)} ms ({p.chosen}), {p.seconds:.0f} s", flush=True)
     total = time.monotonic() - started
-    print("\n" + markdown(points, header))
+    table = markdown(points, header)
+    print("\n" + table)
     load1 = os.getloadavg()
-    print(f"took {total:.0f} s ({total / 60:.1f} min) on {os.cpu_count()} cores; load average (1, 5, 15 min) "
-          f"{load0[0]:.2f}, {load0[1]:.2f}, {load0[2]:.2f} at the start, "
-          f"{load1[0]:.2f}, {load1[1]:.2f}, {load1[2]:.2f} at the end")
+    took = (f"took {total:.0f} s ({total / 60:.1f} min) on {os.cpu_count()} cores; load average (1, 5, 15 min) "
+            f"{load0[0]:.2f}, {load0[1]:.2f}, {load0[2]:.2f} at the start, "
+            f"{load1[0]:.2f}, {load1[1]:.2f}, {load1[2]:.2f} at the end")
+    print(took)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table + "\n" + took + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":
