@@ -14,6 +14,7 @@ import click
 
 from . import __version__
 from .errors import UnityError, UsageError
+from .files import check_output
 
 
 def _fail(e: BaseException, debug: bool) -> None:
@@ -155,11 +156,10 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
 
     if batch_size is not None and batch_size < 1:
         raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
-    out_dir = Path(out_path).resolve().parent
-    if not out_dir.is_dir():
-        raise UsageError(f"--out {out_path}: directory {out_dir} does not exist")
-    if report_path and not Path(report_path).resolve().parent.is_dir():
-        raise UsageError(f"--report {report_path}: directory {Path(report_path).resolve().parent} does not exist")
+    reads = {"model": model, "cluster spec": cluster_path, "rule cache": rules_path, "profile": profile_path}
+    check_output("--out", out_path, reads)
+    if report_path:
+        check_output("--report", report_path, {**reads, "plan (--out)": out_path})
     cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
@@ -277,6 +277,8 @@ def verify_rules(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int,
     if timeout_ms < 1:
         raise UsageError(f"--timeout-ms must be >= 1, got {timeout_ms}")
     jobs = jobs or (os.cpu_count() or 1)
+    if out_path:
+        check_output("--out", out_path, {"rule file (--check)": check_path})
     progress = Progress("verify", enabled=None if not as_json else False)
     try:
         if check_path:
@@ -349,6 +351,9 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
     if max_seconds <= 0:
         raise UsageError(f"--max-seconds must be positive, got {max_seconds}")
     out = Path(out_path) if out_path else default_profile_path(cluster.name)
+    reads = {"cluster spec": cluster_path} | {f"model {m}": m for m in models} | {f"plan {p}": p for p in plans}
+    if out_path or out.parent.is_dir():
+        check_output("--out", out, reads)
     old = None
     if out.exists() and not replace:
         try:
@@ -409,9 +414,7 @@ def report(plan_path: str, out_path: str, measured_path: str | None) -> None:
     from .plan.plan import load_plan
     from .report.html import load_measured, write_report
 
-    out_dir = Path(out_path).resolve().parent
-    if not out_dir.is_dir():
-        raise UsageError(f"--out {out_path}: directory {out_dir} does not exist")
+    check_output("--out", out_path, {"plan": plan_path, "measured run": measured_path})
     plan = load_plan(plan_path)
     measured = load_measured(measured_path) if measured_path else None
     size = write_report(plan, out_path, measured)

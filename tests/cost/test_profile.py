@@ -485,3 +485,15 @@ def test_calibration_survives_what_real_profiles_hold(cluster):
     for kind in ("MatMul", "Unary", "Softmax"):
         got = odd_prof.unmeasured(device, "float32", kind, 1e-6, 2e-6)
         assert got is None or all(v >= 0 and v < float("inf") for v in got)
+
+
+def test_saving_never_writes_through_a_planted_temp_name(profiled, tmp_path):
+    """The old writer used the fixed name ``F.tmp``: a symlink planted there sent the
+    profile over another file. Now the temp file is fresh (mkstemp) and renamed over F."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    out = tmp_path / "p.json"
+    (tmp_path / "p.json.tmp").symlink_to(victim)
+    profiled.save(out)
+    assert victim.read_text() == "keep me"
+    assert load_profile(out).text == profiled.text

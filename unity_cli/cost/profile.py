@@ -69,6 +69,7 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec, DeviceType
 from ..errors import ProfileError
+from ..files import write_atomic
 from ..ir.dtypes import DType
 from ..ir.opspec import attrs_key
 from ..ir.shapes import TensorShape
@@ -227,9 +228,7 @@ class Profile:
         p = Path(path)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(self.text)
-            tmp.replace(p)  # a reader never sees half a file
+            write_atomic(p, self.text)  # a reader never sees half a file
         except OSError as e:
             raise ProfileError(f"{p}: cannot write the profile: {e.strerror}") from None
 

@@ -16,6 +16,7 @@ from typing import Any
 from ..cluster.machine_view import MachineView, check_view, devices_used
 from ..cluster.spec import ClusterSpec
 from ..errors import PlanError, ShapeError, UnityError
+from ..files import write_atomic
 from ..ir import PCG, DType, GraphBuilder, TensorRef
 from ..ir.opspec import attrs_from_json, attrs_to_json
 from ..ir.shapes import ParallelDim, ParallelTensorShape
@@ -67,7 +68,7 @@ class Plan:
 
     def save(self, path: str | os.PathLike) -> None:
         try:
-            Path(path).write_text(self.dumps())
+            write_atomic(path, self.dumps())
         except OSError as e:
             raise PlanError(f"{path}: cannot write the plan: {e.strerror}") from None
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..cost.model import CostConfig, CostReport, estimate
 from ..errors import ReportError
+from ..files import write_atomic
 from ..jsonfile import read_json
 from ..plan.plan import Plan
 from .diagram import CATEGORIES, GLYPHS, Diagram, build_diagram, render_group, render_overview
@@ -104,7 +105,7 @@ def write_report(plan: Plan, path: str | os.PathLike, measured: Mapping[str, Any
     text = render_report(plan, measured, options=options)
     data = text.encode("utf-8")
     try:
-        Path(path).write_bytes(data)
+        write_atomic(path, data)
     except OSError as e:
         raise ReportError(f"{path}: cannot write the report: {e.strerror}") from None
     return len(data)

@@ -10,6 +10,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ModelError, PlanError
+from ..files import write_atomic
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG
 from ..onnx_import import ImportedModel, ImportOptions, import_model
@@ -105,7 +106,7 @@ def save_trained(path: Path, out: str | os.PathLike, weights: dict[str, np.ndarr
         t.CopyFrom(numpy_helper.from_array(np.asarray(w).astype(dtype), t.name))
         replaced += 1
     try:
-        onnx.save(model, str(out))
+        write_atomic(out, model.SerializeToString())
     except (OSError, ValueError) as e:
         raise ModelError(f"--save {out}: cannot write: {e}") from None
     return replaced

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError, RunError, UnityError, UsageError
+from ..files import check_output
 from ..plan.plan import Plan, load_plan
 from .comm import Comm, mpi
 from .data import Data, gather_tables, read_npz
@@ -216,6 +217,8 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
             f"--cluster {LOCAL_CPU})")
     backend, xp = array_module(opts.backend, world.Get_rank())
     model = resolve_model(plan, opts.model)
+    if opts.save:   # before any training: a bad --save must not cost the run
+        check_output("--save", opts.save, {"plan": opts.plan, "model": model, "data (--data)": opts.data})
     imported = import_for_plan(model, plan)
     warnings = []
     if plan.config.get("dtype", "float32") != "float32":

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnityError
+from ..files import write_atomic
 from ..jsonfile import read_json
 
 
@@ -272,7 +273,7 @@ class RuleSet:
 
     def save(self, path: str | os.PathLike) -> None:
         try:
-            Path(path).write_text(self.dumps())
+            write_atomic(path, self.dumps())
         except OSError as e:
             raise RuleError(f"{path}: cannot write: {e.strerror}") from None
 
