@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 import traceback
@@ -48,6 +49,31 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return click.option("--debug", is_flag=True, help="Show the traceback on errors.")(wrapper)
+
+
+MAX_BATCH = 2**31 - 1
+"""The largest batch accepted: arrays index with 64-bit integers, and a batch past 2**31
+already needs more memory than any device has (2**70 overflowed later, deep inside)."""
+MAX_COUNT = 2**31 - 1
+
+
+def check_number(option: str, value: float | int | None, low: float | None = None, high: float | None = None,
+                 low_open: bool = False) -> None:
+    """A one-line UsageError unless ``value`` (None: not given) is finite and within bounds:
+    click's float lets NaN and infinity through, and every comparison with NaN is false."""
+    if value is None:
+        return
+    below = low is not None and (value <= low if low_open else value < low)
+    if not math.isfinite(value) or below or (high is not None and value > high):
+        kind = "an integer" if isinstance(value, int) else "a finite number"
+        bounds = [f"{'>' if low_open else '>='} {_plain(low)}" if low is not None else "",
+                  f"<= {_plain(high)}" if high is not None else ""]
+        where = " and ".join(b for b in bounds if b)
+        raise UsageError(f"{option} must be {kind}{' ' + where if where else ''}, got {value}")
+
+
+def _plain(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _quiet_stdout() -> None:
@@ -154,8 +180,11 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     from .search.optimize import optimize as run_search
     from .substitutions.cache import load_cache
 
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
+    check_number("--batch-size", batch_size, 1, MAX_BATCH)
+    check_number("--budget", budget, 0, low_open=True)
+    check_number("--max-candidates", max_candidates, 1, MAX_COUNT)
+    check_number("--memory-limit", memory_limit, 0, low_open=True)
+    check_number("--alpha", alpha, 1)
     reads = {"model": model, "cluster spec": cluster_path, "rule cache": rules_path, "profile": profile_path}
     check_output("--out", out_path, reads)
     if report_path:
@@ -163,19 +192,11 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
-    if memory_limit is not None and memory_limit <= 0:
-        raise UsageError(f"--memory-limit must be positive, got {memory_limit}")
     limit = int(memory_limit * 1e9) if memory_limit is not None else None
     if profile_path and no_profile:
         raise UsageError("--profile and --no-profile: pick one")
     profile, profile_note = profile_for(cluster, profile_path, use_default=not no_profile)
     config = CostConfig(DType(dtype), Optimizer(optimizer), limit, profile)
-    if budget is not None and budget <= 0:
-        raise UsageError(f"--budget must be positive, got {budget}")
-    if alpha < 1:
-        raise UsageError(f"--alpha must be >= 1, got {alpha}")
-    if max_candidates is not None and max_candidates < 1:
-        raise UsageError(f"--max-candidates must be >= 1, got {max_candidates}")
     progress = Progress("search", enabled=None if not as_json else False)
 
     work = max_candidates or DEFAULT_CANDIDATES
@@ -241,6 +262,7 @@ def zoo_command(name: str | None, out_path: str | None, scale: str, batch_size: 
         raise UsageError("give a model NAME (see 'unity zoo --list')")
     model = zoo.lookup(name)
     zoo.check_scale(scale)
+    check_number("--batch-size", batch_size, 1, MAX_BATCH)
     out = Path(out_path or f"{model.name}.onnx")
     built, data = zoo.write(model.name, out, scale, batch_size, weights)
     inputs = ", ".join(f"{i.name}[{','.join(d.dim_param or str(d.dim_value) for d in i.type.tensor_type.shape.dim)}]"
@@ -272,10 +294,9 @@ def verify_rules(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int,
     from .report.progress import Progress
     from .substitutions.workflow import check_file, regenerate
 
-    if max_ops < 1:
-        raise UsageError(f"--max-ops must be >= 1, got {max_ops}")
-    if timeout_ms < 1:
-        raise UsageError(f"--timeout-ms must be >= 1, got {timeout_ms}")
+    check_number("--max-ops", max_ops, 1, 8)
+    check_number("--timeout-ms", timeout_ms, 1, MAX_COUNT)
+    check_number("--jobs", jobs, 0, 4096)
     jobs = jobs or (os.cpu_count() or 1)
     if out_path:
         check_output("--out", out_path, {"rule file (--check)": check_path})
@@ -346,10 +367,8 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
     from .ir import DType
     from .report.progress import Progress
 
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
-    if max_seconds <= 0:
-        raise UsageError(f"--max-seconds must be positive, got {max_seconds}")
+    check_number("--batch-size", batch_size, 1, MAX_BATCH)
+    check_number("--max-seconds", max_seconds, 0, low_open=True)
     out = Path(out_path) if out_path else default_profile_path(cluster.name)
     reads = {"cluster spec": cluster_path} | {f"model {m}": m for m in models} | {f"plan {p}": p for p in plans}
     if out_path or out.parent.is_dir():
@@ -385,6 +404,7 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
     from .report.operators import operator_rows
     from .report.summary import plan_config, plan_profile, summary
 
+    check_number("--operators", operators, 0, MAX_COUNT)
     plan = load_plan(plan_path)
     baseline, why = data_parallel_rows(plan)
     _, profile_why = plan_profile(plan)
@@ -449,6 +469,9 @@ def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer:
     from .runtime.memory import keep_freed_memory
     from .runtime.threads import share_cores
 
+    check_number("--steps", steps, 1, MAX_COUNT)
+    check_number("--lr", lr, 0, low_open=True)
+    check_number("--seed", seed, 0, 2**63 - 1)
     share_cores()  # before numpy starts its BLAS threads
     keep_freed_memory()
     from .errors import RunError

@@ -214,7 +214,7 @@ def test_zoo_writes_the_model(tmp_path):
     (["zoo", "resnet"], "unknown zoo model 'resnet'; did you mean 'resnext-50'?"),
     (["zoo", "bert", "--scale", "small"], "did you mean 'bert-large'?"),
     (["zoo", "mlp", "--scale", "tiny"], "--scale: unknown scale 'tiny' (choose from paper, small)"),
-    (["zoo", "mlp", "--batch-size", "0"], "--batch-size must be a positive integer"),
+    (["zoo", "mlp", "--batch-size", "0"], "--batch-size must be an integer >= 1 and <= 2147483647, got 0"),
     (["zoo", "mlp", "--out", "/no/such/dir/m.onnx"], "directory /no/such/dir does not exist"),
     (["zoo"], "give a model NAME"),
 ])
