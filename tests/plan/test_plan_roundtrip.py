@@ -20,7 +20,7 @@ from unity_cli.cost.model import CostConfig
 from unity_cli.errors import PlanError
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.plan.build import make_plan
-from unity_cli.plan.plan import FORMAT, Plan, load_plan, plan_from_json
+from unity_cli.plan.plan import FORMAT, Plan, load_plan, plan_from_json, seal
 from unity_cli.search.optimize import optimize
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +146,7 @@ def test_same_inputs_same_bytes_in_process(mlp_path):
 
 def _load_doc(doc, tmp_path: Path) -> PlanError:
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(seal(doc)))   # edited on purpose: sealed again, so the checks below the hash run
     with pytest.raises(PlanError) as e:
         load_plan(path)
     assert str(e.value).startswith(f"{path}: ")
@@ -257,3 +257,65 @@ def test_plan_from_json_does_not_mutate(plan_doc):
     before = copy.deepcopy(plan_doc)
     plan_from_json(plan_doc)
     assert plan_doc == before
+
+
+# -- an edited plan never runs (#13) ----------------------------------------------------------------
+
+
+def _edits():
+    def drop_node(doc):     # one node removed and the rest renumbered: a different graph
+        nodes = doc["pcg"]["nodes"]
+        del nodes[len(nodes) // 2]
+        for i, n in enumerate(nodes):
+            n["id"] = i
+
+    def step_time(doc):
+        doc["predicted"]["step_time_ms"] *= 0.5
+
+    def strategy(doc):
+        doc["strategy"] = "magic"
+
+    def inputs(doc):
+        name = next(iter(doc["model"]["inputs"]))
+        doc["model"]["inputs"][name]["dims"][0] += 1
+
+    return [drop_node, step_time, strategy, inputs]
+
+
+@pytest.mark.parametrize("edit", _edits(), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("command", ["run", "explain", "report"])
+def test_an_edited_plan_is_refused_in_one_line(plan_doc, tmp_path, edit, command):
+    from click.testing import CliRunner
+
+    from unity_cli.cli import cli
+
+    edit(plan_doc)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_doc, sort_keys=True, indent=1))
+    args = [command, str(path)] + (["-o", str(tmp_path / "r.html")] if command == "report" else [])
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    assert str(path) in r.output and "edited" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "1e400"])
+def test_not_finite_numbers_or_no_hash_are_refused(plan_doc, tmp_path, value):
+    path = tmp_path / "plan.json"
+    text = json.dumps(plan_doc, sort_keys=True).replace(
+        f'"step_time_ms": {json.dumps(plan_doc["predicted"]["step_time_ms"])}', f'"step_time_ms": {value}')
+    assert value in text
+    path.write_text(text)
+    with pytest.raises(PlanError, match="NaN or infinity"):
+        load_plan(path)
+    del plan_doc["content_sha256"]
+    path.write_text(json.dumps(plan_doc))
+    with pytest.raises(PlanError, match="content_sha256: missing"):
+        load_plan(path)
+
+
+def test_a_plan_as_written_loads_and_its_hash_covers_everything(plan_doc, tmp_path, bert_plan):
+    path = tmp_path / "plan.json"
+    bert_plan.save(path)
+    assert load_plan(path).to_json() == bert_plan.to_json()
+    assert set(plan_doc) - {"content_sha256"} == set(bert_plan.to_json())

@@ -7,6 +7,8 @@ import time
 
 from runtime.mpirun import unity_run
 
+from unity_cli.plan.plan import seal
+
 
 def errors(r) -> list[str]:
     return [line for line in r.stderr.splitlines() if line.startswith("error:")]
@@ -35,7 +37,7 @@ def test_model_hash_mismatch(plans, tmp_path):
     doc = json.loads(plans.get("convnet_tiny", "data_parallel", 2).read_text())
     doc["model"]["sha256"] = "0" * 64
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(doc))
+    plan.write_text(json.dumps(seal(doc)))
     r = unity_run(plan, timeout=60)
     assert r.returncode != 0
     (line,) = errors(r)
@@ -48,7 +50,7 @@ def test_missing_model_file_and_model_override(plans, tmp_path):
     doc = json.loads(plans.get("convnet_tiny", "data_parallel", 2).read_text())
     doc["model"]["path"] = "not/there.onnx"
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(doc))
+    plan.write_text(json.dumps(seal(doc)))
     r = unity_run(plan, timeout=60)
     assert r.returncode != 0
     (line,) = errors(r)
@@ -75,7 +77,7 @@ def test_check_fails_when_the_plan_computes_something_else(plans, tmp_path):
     relu = next(n for n in doc["pcg"]["nodes"] if n["op"]["kind"] == "Unary" and n["op"]["fn"] == "Relu")
     relu["op"]["fn"] = "Sigmoid"
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(doc))
+    plan.write_text(json.dumps(seal(doc)))
     r = unity_run(plan, "--check", "--steps", "1", "--json", timeout=60)
     assert r.returncode != 0
     (line,) = errors(r)

@@ -6,6 +6,7 @@ nothing time-dependent goes in. The model path is stored as the user gave it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -24,6 +25,23 @@ from ..ir.validate import problems
 from ..jsonfile import read_json
 
 FORMAT = "unity-plan/1"
+HASH_FIELD = "content_sha256"
+"""SHA-256 of the plan's canonical content (every other field): ``run``, ``explain`` and
+``report`` refuse a plan whose content no longer matches, so an edited plan never trains."""
+
+
+def content_hash(doc: Mapping[str, Any]) -> str:
+    """SHA-256 of ``doc`` without :data:`HASH_FIELD`, as canonical JSON (sorted keys, no
+    spaces; floats by repr, which round-trips). Raises ValueError on NaN or infinity."""
+    body = {k: v for k, v in doc.items() if k != HASH_FIELD}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def seal(doc: Any) -> Any:
+    """``doc`` with its content hash, as ``unity optimize`` writes it (anything but a JSON
+    object as it is)."""
+    return {**doc, HASH_FIELD: content_hash(doc)} if isinstance(doc, Mapping) else doc
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,7 @@ class Plan:
         }
 
     def dumps(self) -> str:
-        return json.dumps(self.to_json(), sort_keys=True, indent=1, allow_nan=False) + "\n"
+        return json.dumps(seal(self.to_json()), sort_keys=True, indent=1, allow_nan=False) + "\n"
 
     def save(self, path: str | os.PathLike) -> None:
         try:
@@ -98,6 +116,18 @@ def load_plan(path: str | os.PathLike) -> Plan:
     """Read and check a plan; every problem is a PlanError naming the file and field."""
     p = Path(path)
     data = read_json(p, PlanError, "plan")
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        if HASH_FIELD not in data:
+            raise PlanError(f"{p}: {HASH_FIELD}: missing (unity optimize writes it; this plan was written by "
+                            "something else or edited): re-plan with unity optimize")
+        try:
+            digest = content_hash(data)
+        except ValueError:
+            raise PlanError(f"{p}: holds NaN or infinity, which unity optimize never writes: the plan was "
+                            "edited; re-plan with unity optimize") from None
+        if digest != data[HASH_FIELD]:
+            raise PlanError(f"{p}: its content does not match its {HASH_FIELD}: the plan was edited after "
+                            "unity optimize wrote it; re-plan with unity optimize")
     try:
         return plan_from_json(data)
     except PlanError as e:
