@@ -470,7 +470,7 @@ def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer:
     from .runtime.threads import share_cores
 
     check_number("--steps", steps, 1, MAX_COUNT)
-    check_number("--lr", lr, 0, low_open=True)
+    check_number("--lr", lr, 0)    # 0 is allowed: a step that changes nothing replays a batch
     check_number("--seed", seed, 0, 2**63 - 1)
     share_cores()  # before numpy starts its BLAS threads
     keep_freed_memory()

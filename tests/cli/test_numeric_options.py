@@ -27,7 +27,7 @@ OPTIONS = [
     (["verify-rules", "--check", "missing.json"], "--max-ops", int, 1, 8, False),
     (["verify-rules", "--check", "missing.json"], "--timeout-ms", int, 1, 2**31 - 1, False),
     (["run", "missing.json"], "--steps", int, 1, 2**31 - 1, False),
-    (["run", "missing.json"], "--lr", float, 0, None, True),
+    (["run", "missing.json"], "--lr", float, 0, None, False),
     (["run", "missing.json"], "--seed", int, 0, 2**63 - 1, False),
 ]
 IDS = [f"{o[0][0]} {o[1]}" for o in OPTIONS]
