@@ -178,7 +178,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     from .report.summary import summary
     from .search.optimize import DEFAULT_CANDIDATES
     from .search.optimize import optimize as run_search
-    from .substitutions.cache import load_cache
+    from .substitutions.cache import load_cache, prove_applied
 
     check_number("--batch-size", batch_size, 1, MAX_BATCH)
     check_number("--budget", budget, 0, low_open=True)
@@ -211,8 +211,11 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
                             max_candidates)
     finally:
         progress.close()
+    # Every rule the plan applies is proved again before the plan is written.
+    proved = prove_applied(rules, [a.rule_id for a in result.rewrites], rules_path or "the shipped rule cache")
     plan = make_plan(imported, cluster, config, result,
-                     {"rules_loaded": len(rules.rules), "rules_hash": rules.content_hash()})
+                     {"rules_loaded": len(rules.rules), "rules_hash": rules.content_hash(),
+                      "rules_proved": list(proved)})
     plan.save(out_path)
     if report_path:
         from .report.html import write_report

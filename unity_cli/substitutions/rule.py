@@ -261,6 +261,7 @@ class RuleSet:
     settings: Mapping[str, Any] = field(default_factory=dict)
     axioms_hash: str = ""
     rejected: tuple[Mapping[str, Any], ...] = ()
+    sealed: bool = True     # read from a file that had its content_hash and every rule's id
 
     def content_hash(self) -> str:
         return hashlib.sha256(canonical([r.to_json() for r in self.rules]).encode()).hexdigest()
@@ -289,7 +290,9 @@ def load_rules(path: str | os.PathLike) -> RuleSet:
     if not isinstance(doc.get("rules"), list):
         raise RuleError(f"{p}: rules: expected a list")
     rules = tuple(Rule.from_json(r, f"{p}: rules[{i}]") for i, r in enumerate(doc["rules"]))
-    rs = RuleSet(rules, doc.get("settings", {}), doc.get("axioms_hash", ""), tuple(doc.get("rejected", ())))
+    sealed = "content_hash" in doc and all(isinstance(r, Mapping) and "id" in r for r in doc["rules"])
+    rs = RuleSet(rules, doc.get("settings", {}), doc.get("axioms_hash", ""), tuple(doc.get("rejected", ())),
+                 sealed)
     if "content_hash" in doc and doc["content_hash"] != rs.content_hash():
         raise RuleError(f"{p}: content_hash does not match the rules in it (the file was edited or truncated)")
     return rs
