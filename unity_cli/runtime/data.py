@@ -87,6 +87,10 @@ class Data:
         if missing:
             raise UsageError(f"--data {source}: no array named {missing[0]!r} "
                              f"(it needs {', '.join(sorted(want))})")
+        extra = sorted(set(arrays) - set(want))
+        if extra:   # a misspelt input would otherwise train on synthetic data without a word
+            raise UsageError(f"--data {source}: array {extra[0]!r} is not a graph input nor 'labels' "
+                             f"(it needs {', '.join(sorted(want))})")
         out, counts = {}, set()
         for name, (dims, dtype) in want.items():
             a = np.asarray(arrays[name])
@@ -95,6 +99,14 @@ class Data:
                                  f"{list(dims)} (or a multiple of its batch {dims[0] if dims else 1})")
             if np.dtype(dtype).kind in "iub" and a.dtype.kind not in "iub":
                 raise UsageError(f"--data {source}: {name!r} holds {a.dtype}, the model wants integers")
+            if a.dtype.kind in "fc" and a.size and not np.isfinite(a).all():
+                bad = np.argwhere(~np.isfinite(a))[0]
+                raise UsageError(f"--data {source}: {name!r} holds NaN or infinity (at index {list(map(int, bad))})")
+            rows = self.tables.get(name)
+            if rows is not None and a.size and (a.min() < -rows or a.max() >= rows):
+                worst = int(a.min()) if a.min() < -rows else int(a.max())
+                raise UsageError(f"--data {source}: {name!r} indexes a table of {rows} rows, but holds {worst} "
+                                 f"(ids must lie in [-{rows}, {rows}))")
             out[name] = a.astype(dtype, copy=False)
             counts.add(a.shape[0] // dims[0])
         if self.loss is LossKind.CROSS_ENTROPY:
