@@ -88,3 +88,24 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_optimize_writes_nothing_but_its_outputs(plans, tmp_path):
+    """A fresh HOME, TMPDIR and working folder: after optimize (whose import runs
+    onnxruntime to fold constants) only the plan has appeared. onnxruntime writes a device
+    id and a telemetry database under ~/.cache at import; unity points it at a temp folder
+    that it removes at exit."""
+    import subprocess
+    import sys
+
+    home, tmp, work = (tmp_path / d for d in ("home", "tmp", "work"))
+    for d in (home, tmp, work):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env.update(HOME=str(home), TMPDIR=str(tmp))
+    model = plans.model("bert_tiny_dynamo")
+    r = subprocess.run([sys.executable, "-m", "unity_cli.cli", "optimize", str(model), "--max-candidates", "5",
+                        "--out", "plan.json"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    appeared = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert appeared == ["home", "tmp", "work", "work/plan.json"], appeared

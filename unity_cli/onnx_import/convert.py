@@ -7,17 +7,20 @@ reference evaluator and folded away. Every node left must have a specification.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import hashlib
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, UnityError, UnsupportedOpError
@@ -447,7 +450,30 @@ def _weight_uses(graph: onnx.GraphProto) -> set[str]:
     return uses
 
 
+@functools.cache
+def _onnxruntime():
+    """onnxruntime, imported with ``XDG_CACHE_HOME`` pointing at a temporary folder removed
+    at exit: at import it writes a device id and a telemetry database under
+    ``$XDG_CACHE_HOME`` (else ``~/.cache``)/Microsoft/DeveloperTools, and ``optimize``
+    writes nothing outside its outputs."""
+    tmp = tempfile.mkdtemp(prefix="unity-onnxruntime-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    keys = ("XDG_CACHE_HOME", "TMPDIR")      # and its session file under $TMPDIR
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(dict.fromkeys(keys, tmp))
+    try:
+        import onnxruntime  # noqa: PLC0415
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    return onnxruntime
+
+
 def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    ort = _onnxruntime()
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # failures are expected: the reference evaluator takes over
     opts.intra_op_num_threads = 1
