@@ -18,3 +18,5 @@ def read_json(path: str | os.PathLike, error: type[UnityError], what: str) -> An
         return json.loads(p.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise error(f"{p}: not a JSON {what} ({e})") from None
+    except RecursionError:
+        raise error(f"{p}: nested too deeply to be a {what}") from None

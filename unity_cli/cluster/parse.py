@@ -31,6 +31,10 @@ from unity_cli.errors import ClusterSpecError
 
 __all__ = ["load_cluster", "parse_cluster"]
 
+MAX_DEVICES = 65_536
+"""The most devices a cluster may have (and nodes, and devices per node): a plan of more
+would take hours to simulate, and a typo (count: 1e9) should fail at once, not run for minutes."""
+
 _QUANTITY: dict[str, Any] = {"type": ["number", "string"]}
 _LINK: dict[str, Any] = {
     "type": "object",
@@ -61,13 +65,13 @@ _DEVICE_TYPE: dict[str, Any] = {
 }
 _NODE_FIELDS: dict[str, Any] = {
     "device": {"type": "string", "minLength": 1},
-    "devices": {"type": "integer", "minimum": 1},
+    "devices": {"type": "integer", "minimum": 1, "maximum": 65_536},
     "intra_link": _LINK,
 }
 _GROUP_KEYWORDS: dict[str, Any] = {
     "properties": {
         **_NODE_FIELDS,
-        "count": {"type": "integer", "minimum": 1},
+        "count": {"type": "integer", "minimum": 1, "maximum": 65_536},
         "name": {"type": "string", "minLength": 1},
     },
     "additionalProperties": False,
@@ -185,6 +189,9 @@ def parse_cluster(data: object, source: str) -> ClusterSpec:
                              f"duplicate node name {name!r}")
             names.add(name)
             nodes.append(NodeSpec(name, device, int(merged["devices"]), link))
+    total = sum(n.devices for n in nodes)
+    if total > MAX_DEVICES:
+        raise _error(source, "nodes", f"{total} devices in all; unity plans for at most {MAX_DEVICES}")
     if "inter_node_link" in data:
         inter = _link(data["inter_node_link"], source, "inter_node_link")
     elif len(nodes) > 1:
@@ -210,6 +217,8 @@ def _device_type(name: str, body: Mapping[str, Any], source: str, here: str) -> 
     bandwidth = _quantity(memory["bandwidth"], Dimension.BANDWIDTH, source,
                           f"{here}.memory.bandwidth")
     capacity = _quantity(memory["capacity"], Dimension.BYTES, source, f"{here}.memory.capacity")
+    if capacity < 1:
+        raise _error(source, f"{here}.memory.capacity", f"must be at least 1 byte, got {memory['capacity']}")
     if "launch_overhead" in body:
         overhead = _quantity(body["launch_overhead"], Dimension.TIME, source,
                              f"{here}.launch_overhead", allow_zero=True)

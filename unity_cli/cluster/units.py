@@ -129,7 +129,10 @@ def _parse_text(text: str, dimension: Dimension) -> float:
             f"{text!r} is a {unit_dimension.noun}, but a {dimension.noun} is expected "
             f"(e.g. {_EXAMPLES[dimension]})"
         )
-    return float(Decimal(match["number"]) * scale)
+    try:
+        return float(Decimal(match["number"]) * scale)
+    except ArithmeticError:     # decimal.Overflow: "1e1000000 GB/s"
+        raise ValueError(f"{text!r} is out of range") from None
 
 
 def parse_flops(value: object) -> float:

@@ -235,6 +235,8 @@ class _Importer:
                 self._node(node)
             except UnityError as e:
                 raise type(e)(f"node {node.name or '<unnamed>'!r} ({node.op_type}): {e}") from None
+        if not self.model.graph.output:
+            raise ModelError("the graph has no outputs: there is no loss to train")
         outputs = []
         for o in self.model.graph.output:
             if o.name not in self.refs and o.name not in self.values and o.name not in self.initializers \
