@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner  # a submodule: "import onnx" alone does not load it
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, UnityError, UnsupportedOpError
 from ..ir import PCG, DType, GraphBuilder, TensorRef, TensorShape
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import spec_for_onnx
-from .load import file_sha256, load_onnx, tensor_value
+from .load import check_names, check_opset, file_sha256, load_onnx, tensor_value
 from .node import OnnxInput, OnnxNode
 
 DEFAULT_BATCH = 32
@@ -80,6 +81,8 @@ def import_model_proto(model: onnx.ModelProto, options: ImportOptions = ImportOp
                        name: str = "<model>") -> ImportedModel:
     """Import an in-memory model (its initializers hold their values); ``name`` stands for
     the file in messages and in ``ImportedModel.path``."""
+    check_opset(model, Path(name))
+    check_names(model.graph, Path(name))
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     sha256 = hashlib.sha256(model.SerializeToString()).hexdigest()
