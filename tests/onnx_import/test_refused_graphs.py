@@ -27,7 +27,8 @@ def test_a_model_with_local_functions_imports_as_onnxruntime_runs_it(tmp_path):
     g = helper.make_graph([helper.make_node("double_relu", ["x"], ["h"], domain="local"),
                            helper.make_node("MatMul", ["h", "w"], ["y"])], "g", [_vi("x", [4, 8])],
                           [_vi("y", [4, 2])], [W])
-    m = helper.make_model(g, functions=[f], opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    m = helper.make_model(g, functions=[f],
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
     onnx.checker.check_model(m)
     path = tmp_path / "func.onnx"
     onnx.save(m, path)
