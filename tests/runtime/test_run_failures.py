@@ -5,6 +5,7 @@ import json
 import shutil
 import time
 
+import pytest
 from runtime.mpirun import unity_run
 
 from unity_cli.plan.plan import seal
@@ -69,6 +70,18 @@ def test_a_rank_failing_mid_step_ends_the_job(plans):
     line = errors(r)[0]
     assert line.startswith("error: rank 1:") and "injected fault in step 1" in line
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"UNITY_FAULT_RANK": "abc"}, ["UNITY_FAULT_RANK='abc'", "ranks 0 to 1"]),
+    ({"UNITY_FAULT_RANK": "7"}, ["UNITY_FAULT_RANK='7'", "ranks 0 to 1"]),
+    ({"UNITY_FAULT_RANK": "1", "UNITY_FAULT_STEP": "5"}, ["UNITY_FAULT_STEP='5'", "steps 0 to 2"]),
+])
+def test_a_fault_that_cannot_happen_is_an_error_not_a_pass(plans, env, words):
+    r = unity_run(plans.get("convnet_tiny", "data_parallel", 2), "--steps", "3", env=env, timeout=60)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    line = errors(r)[0]
+    assert all(w in line for w in words), line
 
 
 def test_check_fails_when_the_plan_computes_something_else(plans, tmp_path):

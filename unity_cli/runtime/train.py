@@ -262,18 +262,25 @@ def _predicted(plan: Plan, loss: LossKind) -> tuple[dict[str, float], list[int]]
     return predicted_phases_ms(report, plan.cluster.num_devices), list(report.comm_bytes)
 
 
-def _fault_step(rank: int) -> int | None:
-    """The step at which ``UNITY_FAULT_RANK`` names this rank to fail, if it does."""
+def _fault_step(rank: int, ranks: int, steps: int) -> int | None:
+    """The step at which ``UNITY_FAULT_RANK`` names this rank to fail, if it does; a value
+    that is not a rank of this job, or a step it will not reach, is a one-line UsageError
+    (a test that injects nothing would pass for the wrong reason)."""
     r = os.environ.get("UNITY_FAULT_RANK")
-    if r is None or r.strip() == "" or int(r) != rank:
+    if r is None or r.strip() == "":
         return None
-    return int(os.environ.get("UNITY_FAULT_STEP", "0") or 0)
+    s = os.environ.get("UNITY_FAULT_STEP", "0").strip() or "0"
+    if not r.strip().isdigit() or int(r) >= ranks:
+        raise UsageError(f"UNITY_FAULT_RANK={r!r}: not a rank of this job (ranks 0 to {ranks - 1})")
+    if not s.isdigit() or int(s) >= steps:
+        raise UsageError(f"UNITY_FAULT_STEP={s!r}: not a step of this run (steps 0 to {steps - 1})")
+    return int(s) if int(r) == rank else None
 
 
 def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     comm, xp = job.comm, job.xp
     rank = comm.rank
-    fault = _fault_step(rank)
+    fault = _fault_step(rank, comm.size, opts.steps)
     reference = None
     check = None
     if opts.check:
