@@ -72,7 +72,7 @@ def test_a_write_replaces_a_symlink_and_never_leaves_half_a_file(tmp_path, monke
     files.write_atomic(dest, "new")
     assert victim.read_text() == "keep me"              # the link was replaced, not followed
     assert not dest.is_symlink() and dest.read_text() == "new"
-    assert oct(dest.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert oct(dest.stat().st_mode & 0o777) == oct(0o666 & ~files._umask())
 
     def fail(*_):
         raise OSError(28, "No space left on device")
@@ -82,12 +82,6 @@ def test_a_write_replaces_a_symlink_and_never_leaves_half_a_file(tmp_path, monke
         files.write_atomic(dest, "half")
     assert dest.read_text() == "new"                    # the old file, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "victim.txt"]   # no temp left
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def test_optimize_writes_nothing_but_its_outputs(plans, tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from unity_cli.search import solver
-from unity_cli.search.elimination import TooWide, minimize
+from unity_cli.search.elimination import Elimination, TooWide, minimize
 from unity_cli.search.solver import Problem, brute_force, solve_problem
 
 
@@ -88,7 +88,8 @@ def test_priced_memory_fits_and_is_right_when_it_says_so(seed):
     claims optimality (its bound met), it equals brute force."""
     p = _memory_problem(seed)
     want = brute_force(p)
-    got, proved = solver._priced_memory(p, {i: len(p.options[i]) for i in p.nodes})
+    plan = Elimination({i: len(p.options[i]) for i in p.nodes}, [(u, v) for u, v, _ in p.edges])
+    got, proved = solver._priced_memory(p, plan)
     if want is None:
         assert got is None
         return

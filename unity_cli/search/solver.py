@@ -55,7 +55,7 @@ from ..ir.opspec import SUM, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
-from .elimination import Elimination, TooWide, minimize
+from .elimination import Elimination, TooWide
 from .reshard import reshard
 from .views import default_views
 
@@ -369,11 +369,12 @@ def solve_problem(p: Problem) -> dict[int, int] | None:
     q, kept = prune_dominated(p)
     sizes = {i: len(q.options[i]) for i in q.nodes}
     try:
-        value, choice = minimize(sizes, q.node_cost, q.edges)
+        plan = Elimination(sizes, [(u, v) for u, v, _ in q.edges])
+        value, choice = plan.run(q.node_cost, [t for _, _, t in q.edges])
         if not math.isfinite(value):
             return None
         if not q.fits(choice):
-            choice, proved = _priced_memory(q, sizes)
+            choice, proved = _priced_memory(q, plan)
             if not proved and _variables(q) <= MILP_VARIABLES:
                 choice = _solve_milp(q)
     except TooWide:
@@ -393,14 +394,13 @@ def _variables(p: Problem) -> int:
     return sum(len(o) for o in p.options.values()) + sum(t.size for _, _, t in p.edges)
 
 
-def _priced_memory(p: Problem, sizes: dict[int, int]) -> tuple[dict[int, int] | None, bool]:
+def _priced_memory(p: Problem, plan: Elimination) -> tuple[dict[int, int] | None, bool]:
     """The cheapest assignment that fits among the optima of ``objective + rate * memory``
     over rates found by doubling then bisection, and whether it is proved optimal: some
     rate's optimum ``x`` gives the lower bound ``objective(x) + rate * (memory(x) -
     capacity)`` on every assignment that fits, and the kept one meets it (to 1e-9)."""
     memory = {i: np.asarray(p.node_memory[i]) for i in p.nodes}
     cost = {i: np.asarray(p.node_cost[i]) for i in p.nodes}
-    plan = Elimination(sizes, [(u, v) for u, v, _ in p.edges])
     tables = [t for _, _, t in p.edges]
 
     def at(rate: float) -> tuple[dict[int, int], float, float]:
