@@ -5,7 +5,7 @@ steps with MPI, and compare the measured step time with the predicted one.
                                   [--models all|NAME,...] [--out benchmarks/results]
 
 Models: the seven zoo models at small scale (``unity zoo NAME --scale small``, batch 8) and
-the shared exports in ``tests/models/shared`` (TorchScript ones at batch 4; dynamo ones keep
+the shared exports in ``tests/models/tiny`` (TorchScript ones at batch 4; dynamo ones keep
 the batch they were exported with). First ``mpiexec -n 2 unity profile`` measures their
 operator pieces and the link on cluster_specs/local-cpu.yaml, then for each model and
 strategy ``unity optimize --profile`` plans, ``mpiexec -n 2 unity profile --plan`` times that

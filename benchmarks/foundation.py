@@ -19,7 +19,7 @@ import onnx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from models.catalog import EXPORTED_DIR, SHARED_MODELS_DIR, ZOO9_NAMES, zoo9_model  # noqa: E402
+from models.catalog import EXPORTED_DIR, TINY_MODELS_DIR, ZOO9_NAMES, zoo9_model  # noqa: E402
 
 from unity_cli.cluster import load_cluster  # noqa: E402
 from unity_cli.cost.model import CostConfig  # noqa: E402
@@ -33,7 +33,7 @@ def models(tmp: Path, shared: int | None = 4, exported: int | None = 2, zoo: int
     dynamo export (static shapes) gets batch None: it keeps the batch it was exported with."""
     out: list[tuple[str, Path, int | None]] = []
     if shared is not None:
-        out += [(f"shared/{p.name}", p, shared) for p in sorted(SHARED_MODELS_DIR.glob("*.onnx"))]
+        out += [(f"shared/{p.name}", p, shared) for p in sorted(TINY_MODELS_DIR.glob("*.onnx"))]
     if exported is not None:
         out += [(f"exported/{p.name}", p, exported) for p in sorted(EXPORTED_DIR.glob("*.onnx"))]
     if zoo is not None:

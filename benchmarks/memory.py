@@ -6,7 +6,7 @@ and with unity's (the default), run alternately, side by side.
 
 Models: an MLP of 8 Linear layers of 1024 x 1024 without biases (32 MiB of weights, batch
 64), whose step allocates megabyte temporaries, and the shared bert_tiny and convnet_tiny
-(``tests/models/shared``, batch 4), whose temporaries are small. Prints a Markdown table of
+(``tests/models/tiny``, batch 4), whose temporaries are small. Prints a Markdown table of
 median step times (``mpiexec -n 2 unity run --steps N --json``) and their ratio.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ roofline, with the profile, and measured by ``unity run``, by default on
     python benchmarks/profile_accuracy.py [--steps 5] [--max-seconds 60] [--models bert_tiny,...]
         [--cluster SPEC --ranks P --backend numpy|cupy --batch B --strategies data_parallel,...]
 
-For the shared models (``tests/models/shared``): one ``mpiexec -n P unity profile`` measures
+For the shared models (``tests/models/tiny``): one ``mpiexec -n P unity profile`` measures
 every model's pieces alone and the links and collectives between the P ranks; per model
 and strategy (data_parallel, tensor_parallel) ``unity optimize`` plans without and with
 the profile; ``mpiexec -n P unity profile --plan ...`` then times those plans' pieces

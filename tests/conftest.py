@@ -11,14 +11,14 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from models.catalog import SHARED_MODELS_DIR  # noqa: E402
+from models.catalog import TINY_MODELS_DIR  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def shared_models() -> Path:
-    if not SHARED_MODELS_DIR.exists():
-        pytest.skip(f"{SHARED_MODELS_DIR} is not there")
-    return SHARED_MODELS_DIR
+def tiny_models() -> Path:
+    """The tiny models the tests train: part of the repo, so never skipped."""
+    assert TINY_MODELS_DIR.is_dir(), f"{TINY_MODELS_DIR} is missing from the checkout"
+    return TINY_MODELS_DIR
 
 
 @pytest.fixture(scope="session")

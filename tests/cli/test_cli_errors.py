@@ -237,8 +237,8 @@ def test_help_lists_optimize():
 # -- the happy path ----------------------------------------------------------------------------------
 
 
-def test_optimize_bert_tiny_subprocess(shared_models, tmp_path):
-    model = shared_models / "bert_tiny.onnx"
+def test_optimize_bert_tiny_subprocess(tiny_models, tmp_path):
+    model = tiny_models / "bert_tiny.onnx"
     out = tmp_path / "plan.json"
     r = _run(["optimize", str(model), "--cluster", "cluster_specs/dgx-a100-8.yaml", "--out", str(out),
               "--max-candidates", "40"], cwd=REPO)
@@ -261,9 +261,9 @@ def test_optimize_bert_tiny_subprocess(shared_models, tmp_path):
     assert str(out) in r.stdout
 
 
-def test_optimize_json(shared_models, tmp_path):
+def test_optimize_json(tiny_models, tmp_path):
     out = tmp_path / "plan.json"
-    r = _invoke(["optimize", str(shared_models / "bert_tiny.onnx"), "--cluster", str(DGX8), "--batch-size", "4",
+    r = _invoke(["optimize", str(tiny_models / "bert_tiny.onnx"), "--cluster", str(DGX8), "--batch-size", "4",
                  "--out", str(out), "--json",
                  "--max-candidates", "40"])
     assert r.exit_code == 0, r.output

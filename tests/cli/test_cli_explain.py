@@ -20,8 +20,8 @@ def make_plan(tmp_path, model, strategy="tensor_parallel"):
     return out
 
 
-def test_explain_text_compares_with_data_parallel(tmp_path, shared_models):
-    plan = make_plan(tmp_path, shared_models / "convnet_tiny.onnx")
+def test_explain_text_compares_with_data_parallel(tmp_path, tiny_models):
+    plan = make_plan(tmp_path, tiny_models / "convnet_tiny.onnx")
     r = CliRunner().invoke(cli, ["explain", str(plan), "--operators", "20"])
     assert r.exit_code == 0, r.output
     assert "tensor_parallel" in r.output and "data_parallel" in r.output
@@ -31,8 +31,8 @@ def test_explain_text_compares_with_data_parallel(tmp_path, shared_models):
     assert any(x.rstrip("x").replace(".", "").isdigit() for x in ratios)
 
 
-def test_explain_json(tmp_path, shared_models):
-    plan = make_plan(tmp_path, shared_models / "convnet_tiny.onnx")
+def test_explain_json(tmp_path, tiny_models):
+    plan = make_plan(tmp_path, tiny_models / "convnet_tiny.onnx")
     r = CliRunner().invoke(cli, ["explain", str(plan), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
@@ -42,9 +42,9 @@ def test_explain_json(tmp_path, shared_models):
     assert any(op["data_parallel_ms"] is not None for op in doc["operators"])
 
 
-def test_explain_without_the_model_says_so(tmp_path, shared_models):
+def test_explain_without_the_model_says_so(tmp_path, tiny_models):
     model = tmp_path / "convnet.onnx"
-    shutil.copy(shared_models / "convnet_tiny.onnx", model)
+    shutil.copy(tiny_models / "convnet_tiny.onnx", model)
     plan = make_plan(tmp_path, model)
     model.unlink()
     r = CliRunner().invoke(cli, ["explain", str(plan)])

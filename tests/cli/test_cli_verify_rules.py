@@ -79,9 +79,9 @@ def test_check_of_a_broken_file_is_one_line(tmp_path):
     assert "Traceback" not in p.stderr
 
 
-def test_optimize_loads_the_cache_and_refuses_a_stale_one(tmp_path, shared_models):
+def test_optimize_loads_the_cache_and_refuses_a_stale_one(tmp_path, tiny_models):
     plan = tmp_path / "plan.json"
-    p = run("optimize", str(shared_models / "convnet_tiny.onnx"), "--cluster",
+    p = run("optimize", str(tiny_models / "convnet_tiny.onnx"), "--cluster",
             str(Path(__file__).resolve().parents[2] / "cluster_specs" / "dgx-a100-8.yaml"), "--out", str(plan))
     assert p.returncode == 0, p.stderr
     assert json.loads(plan.read_text())["search"]["rules_loaded"] == len(load_rules(PACKAGE_RULES).rules)
@@ -89,7 +89,7 @@ def test_optimize_loads_the_cache_and_refuses_a_stale_one(tmp_path, shared_model
     doc["axioms_hash"] = "f" * 64
     stale = tmp_path / "stale.json"
     stale.write_text(json.dumps(doc))
-    p = run("optimize", str(shared_models / "convnet_tiny.onnx"), "--rules", str(stale), "--out", str(plan))
+    p = run("optimize", str(tiny_models / "convnet_tiny.onnx"), "--rules", str(stale), "--out", str(plan))
     assert p.returncode == 1
     assert "stale rule cache" in p.stderr and "unity verify-rules" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1

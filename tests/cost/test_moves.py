@@ -163,8 +163,8 @@ def test_random_views_of_every_parallel_op(clusters, shape):
 
 
 @pytest.fixture(scope="module")
-def models(shared_models):
-    return {name: import_model(shared_models / f"{name}.onnx", ImportOptions(12)).pcg
+def models(tiny_models):
+    return {name: import_model(tiny_models / f"{name}.onnx", ImportOptions(12)).pcg
             for name in ("bert_tiny", "convnet_tiny")}
 
 

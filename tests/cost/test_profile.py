@@ -260,10 +260,10 @@ def test_measured_links_and_collectives(cluster):
         Collective.ALL_GATHER, 1000, 2, cluster.link_for((0, 1)))
 
 
-def test_every_piece_of_a_real_model_is_found(shared_models, cluster):
+def test_every_piece_of_a_real_model_is_found(tiny_models, cluster):
     """The cost model looks pieces up under the key the profiler stores them by, Reshape's
     piece attrs and integer Gather indices included (times are fake: nothing is run)."""
-    graphs = plan_graphs([str(shared_models / "bert_tiny.onnx")], cluster, 4)
+    graphs = plan_graphs([str(tiny_models / "bert_tiny.onnx")], cluster, 4)
     pieces = distinct_pieces(graphs, DType.FLOAT32)
     assert {"Reshape", "Gather", "MatMul"} <= {p.kind for p in pieces}
     table = {p.key: {"op": p.kind, "fwd_s": 1e-3 * (k + 1), "bwd_s": 2e-3 * (k + 1), "repeats": 1}

@@ -552,9 +552,9 @@ print(b.build([out]).canonical_hash)
 
 
 def test_hash_is_stable_across_hash_seeds():
-    from models.catalog import SHARED_MODELS_DIR
+    from models.catalog import TINY_MODELS_DIR
 
-    path = SHARED_MODELS_DIR / "bert_tiny.onnx"
+    path = TINY_MODELS_DIR / "bert_tiny.onnx"
     if not path.exists():
         pytest.skip(f"{path} is not there")
     root = Path(__file__).resolve().parents[2]

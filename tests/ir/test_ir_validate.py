@@ -6,7 +6,7 @@ import dataclasses
 
 import onnx
 import pytest
-from models.catalog import SHARED_MODELS, ZOO9_NAMES, list_exported, zoo9_model
+from models.catalog import TINY_MODELS, ZOO9_NAMES, list_exported, zoo9_model
 
 from unity_cli.errors import ShapeError
 from unity_cli.ir import PCG, GraphBuilder, ParallelTensorShape, TensorRef, TensorShape
@@ -22,10 +22,10 @@ def _import(path, shapes):
     return import_model(path, ImportOptions(input_shapes={k: tuple(v) for k, v in shapes.items()})).pcg
 
 
-@pytest.mark.parametrize("filename", [f for f, _ in SHARED_MODELS])
-def test_shared_models_validate(filename, shared_models):
-    shapes = dict(SHARED_MODELS)[filename]
-    path = shared_models / filename
+@pytest.mark.parametrize("filename", [f for f, _ in TINY_MODELS])
+def test_shared_models_validate(filename, tiny_models):
+    shapes = dict(TINY_MODELS)[filename]
+    path = tiny_models / filename
     if not path.exists():
         pytest.skip(f"{path} is not there")
     pcg = _import(path, shapes)

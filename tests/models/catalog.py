@@ -2,12 +2,12 @@
 
 Import as ``from models.catalog import ...`` with ``tests/`` on ``sys.path``.
 
-* ``SHARED_MODELS_DIR``: ``tests/models/shared``, the project's shared tiny models
+* ``TINY_MODELS_DIR``: ``tests/models/tiny``, the tiny models the tests train (vendored: a plain clone has them)
   (BERT and a convnet, TorchScript and dynamo exports, with their ``export.py``),
   vendored so a plain clone tests them.
 * ``EXPORTED_DIR``: ``tests/models/exported``, real torch.onnx exports (see its
   README.md and export.py).
-* ``EXPORTED_MODELS`` / ``SHARED_MODELS``: ``(filename, {input name: shape})``
+* ``EXPORTED_MODELS`` / ``TINY_MODELS``: ``(filename, {input name: shape})``
   with the shapes the files were exported with.  TorchScript files (no
   ``_dynamo``) have a dynamic batch axis 0 named ``batch``; dynamo files are
   static.
@@ -25,7 +25,7 @@ from models.zoo9 import ZOO9
 
 from unity_cli.zoo.net import external_ref
 
-SHARED_MODELS_DIR = Path(__file__).resolve().parent / "shared"
+TINY_MODELS_DIR = Path(__file__).resolve().parent / "tiny"
 EXPORTED_DIR = Path(__file__).resolve().parent / "exported"
 
 InputShapes = dict[str, list[int]]
@@ -41,7 +41,7 @@ EXPORTED_MODELS: list[tuple[str, InputShapes]] = [
     ("inception_tiny_dynamo.onnx", {"x": [2, 3, 32, 32]}),
 ]
 
-SHARED_MODELS: list[tuple[str, InputShapes]] = [
+TINY_MODELS: list[tuple[str, InputShapes]] = [
     ("bert_tiny.onnx", {"input_ids": [4, 32]}),
     ("bert_tiny_dynamo.onnx", {"input_ids": [4, 32]}),
     ("convnet_tiny.onnx", {"x": [4, 3, 16, 16]}),
@@ -80,7 +80,7 @@ def random_feed(model: onnx.ModelProto, shapes: InputShapes,
 
 
 def model_path(filename: str, folder: Path | None = None) -> Path:
-    """Path of an exported (default) or shared model file."""
+    """Path of an exported (default) or tiny model file."""
     return (folder or EXPORTED_DIR) / filename
 
 

@@ -1,6 +1,6 @@
 """ONNX import over the whole model corpus, with onnxruntime as the shape oracle.
 
-Every corpus file (shared models, the exported TorchScript/dynamo files, the opset-9
+Every corpus file (the tiny models, the exported TorchScript/dynamo files, the opset-9
 zoo look-alikes) imports at the batch the catalog lists and, where its batch dim is
 symbolic, at another batch; the output shapes match what onnxruntime computes. Files
 with external weights also import without their ``.onnx.data`` (only shapes matter).
@@ -19,8 +19,8 @@ import pytest
 from models.catalog import (
     EXPORTED_DIR,
     EXPORTED_MODELS,
-    SHARED_MODELS,
-    SHARED_MODELS_DIR,
+    TINY_MODELS,
+    TINY_MODELS_DIR,
     ZOO9_NAMES,
     random_feed,
     zoo9_model,
@@ -38,7 +38,7 @@ WEIGHTED_OPS = {"MatMul": 1, "Gemm": 1, "Conv": 1, "Gather": 0}  # op -> input p
 
 
 def _cases():
-    for tag, folder, models in (("shared", SHARED_MODELS_DIR, SHARED_MODELS),
+    for tag, folder, models in (("tiny", TINY_MODELS_DIR, TINY_MODELS),
                                 ("exported", EXPORTED_DIR, EXPORTED_MODELS)):
         for filename, shapes in models:
             yield pytest.param(tag, folder / filename, shapes, id=f"{tag}/{filename}")
@@ -49,10 +49,8 @@ DYNAMO_CASES = [c for c in CASES if "_dynamo" in c.id]  # the dynamo exporter wr
 
 
 def _need(tag: str, path: Path, request: pytest.FixtureRequest) -> None:
-    if tag == "shared":
-        request.getfixturevalue("shared_models")  # skips when the shared dir is absent
-    if not path.is_file():
-        pytest.skip(f"{path} is missing")
+    """Every corpus file is part of the repo: a missing one fails, never skips."""
+    assert path.is_file(), f"{tag} model {path} is missing from the checkout"
 
 
 def _header(path: Path) -> onnx.ModelProto:
@@ -152,8 +150,8 @@ def test_trainable_weights(tag, path, shapes, request):
             assert t.name in trainable, f"{node.op_type} {node.name}: weight {t.name} is not trainable"
 
 
-def test_bert_tiny_weights(shared_models):
-    path = shared_models / "bert_tiny.onnx"
+def test_bert_tiny_weights(tiny_models):
+    path = tiny_models / "bert_tiny.onnx"
     imported = import_model(path, ImportOptions(4))
     model = onnx.load(str(path))
     inits = {t.name: t for t in model.graph.initializer}
@@ -170,14 +168,14 @@ def test_bert_tiny_weights(shared_models):
                            if isinstance(n.op, WeightAttrs) and n.op.trainable)
 
 
-def test_constant_folding_keeps_the_source_ir_version(shared_models, monkeypatch):
+def test_constant_folding_keeps_the_source_ir_version(tiny_models, monkeypatch):
     """An onnxruntime older than the onnx package reads only older IR versions: the
     one-node models that fold constants must carry the source model's IR version, or
     every fold falls to the reference evaluator (whose GatherElements fails on bert_tiny's
     512-long position axis: onnxruntime 1.30 with onnx 1.23 did exactly this)."""
     from unity_cli.onnx_import import convert  # noqa: PLC0415
 
-    path = shared_models / "bert_tiny.onnx"
+    path = tiny_models / "bert_tiny.onnx"
     source_ir = onnx.load(str(path), load_external_data=False).ir_version
     run_ort, seen = convert._run_ort, []
 
@@ -193,16 +191,16 @@ def test_constant_folding_keeps_the_source_ir_version(shared_models, monkeypatch
 
 
 @pytest.mark.parametrize("filename", ["convnet_tiny.onnx", "convnet_tiny_dynamo.onnx"])
-def test_convnet_tiny_weights(shared_models, filename):
-    imported = import_model(shared_models / filename, ImportOptions(4))
+def test_convnet_tiny_weights(tiny_models, filename):
+    imported = import_model(tiny_models / filename, ImportOptions(4))
     shapes = sorted(n.op.shape.dims for _, n in imported.pcg if isinstance(n.op, WeightAttrs) and n.op.trainable)
     # conv 3->16 (3x3) + bias, conv 16->32 (3x3) + bias, linear 32->10 + bias
     assert shapes == sorted([(16, 3, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 32), (10,)])
     assert len(imported.weights) == 6 and not imported.constants
 
 
-def test_every_file_of_the_corpus_dirs_imports(shared_models):
-    files = sorted(shared_models.glob("*.onnx")) + sorted(EXPORTED_DIR.glob("*.onnx"))
+def test_every_file_of_the_corpus_dirs_imports(tiny_models):
+    files = sorted(tiny_models.glob("*.onnx")) + sorted(EXPORTED_DIR.glob("*.onnx"))
     assert files
     for path in files:
         imported = import_model(path)  # symbolic batch dims get the default batch
@@ -252,8 +250,8 @@ def _mlp(tmp_path: Path, dims=("batch", 8)) -> Path:
     return _save(tmp_path, g)
 
 
-def test_input_overrides_shape(shared_models):
-    path = shared_models / "bert_tiny.onnx"
+def test_input_overrides_shape(tiny_models):
+    path = tiny_models / "bert_tiny.onnx"
     imported = import_model(path, ImportOptions(None, {"input_ids": (2, 32)}))
     assert imported.inputs["input_ids"].dims == (2, 32)
     assert _output_dims(imported) == [(2, 32, 64)]
@@ -315,8 +313,8 @@ def test_unsupported_op_names_node_and_op(tmp_path, op, domain):
     assert "the_culprit" in msg and op in msg and str(path) in msg
 
 
-def test_same_file_twice_same_hash(shared_models, tmp_path):
-    path = shared_models / "bert_tiny.onnx"
+def test_same_file_twice_same_hash(tiny_models, tmp_path):
+    path = tiny_models / "bert_tiny.onnx"
     a = import_model(path, ImportOptions(4))
     b = import_model(path, ImportOptions(4))
     assert a.pcg.canonical_hash == b.pcg.canonical_hash

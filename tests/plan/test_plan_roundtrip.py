@@ -40,8 +40,8 @@ def mlp_path(tmp_path_factory) -> Path:
     return mlp_model(tmp_path_factory.mktemp("plan") / "mlp.onnx")
 
 @pytest.fixture(scope="module")
-def bert_plan(shared_models) -> Plan:
-    return _make(shared_models / "bert_tiny.onnx", "dgx-a100-8", 4, "data_parallel")
+def bert_plan(tiny_models) -> Plan:
+    return _make(tiny_models / "bert_tiny.onnx", "dgx-a100-8", 4, "data_parallel")
 
 
 @pytest.fixture()
@@ -78,10 +78,10 @@ def test_roundtrip_exported(tmp_path):
     _roundtrip(_make(EXPORTED_DIR / "gpt2_tiny.onnx", "dgx-a100-32", 8, "tensor_parallel"), tmp_path)
 
 
-def test_plan_content(bert_plan, shared_models):
+def test_plan_content(bert_plan, tiny_models):
     doc = json.loads(bert_plan.dumps())
     assert doc["format"] == FORMAT == "unity-plan/1"
-    model = shared_models / "bert_tiny.onnx"
+    model = tiny_models / "bert_tiny.onnx"
     assert doc["model"]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
     assert doc["model"]["inputs"] == {"input_ids": {"dims": [4, 32], "dtype": "int64"}}
     assert doc["model"]["batch_size"] == 4

@@ -39,13 +39,13 @@ def plan_for(model: Path, strategy: str, batch: int = 16, spec: str = "dgx-a100-
 
 
 @pytest.fixture(scope="module")
-def bert_tp(shared_models):
-    return plan_for(shared_models / "bert_tiny.onnx", "tensor_parallel")
+def bert_tp(tiny_models):
+    return plan_for(tiny_models / "bert_tiny.onnx", "tensor_parallel")
 
 
 @pytest.fixture(scope="module")
-def bert_dp(shared_models):
-    return plan_for(shared_models / "bert_tiny.onnx", "data_parallel")
+def bert_dp(tiny_models):
+    return plan_for(tiny_models / "bert_tiny.onnx", "data_parallel")
 
 
 def svg(page: str, ident: str) -> str:
@@ -163,9 +163,9 @@ def test_measured_run_is_shown_and_a_malformed_one_rejected(bert_dp, tmp_path):
     assert r.exit_code == 1 and r.output.startswith("error:")
 
 
-def test_optimize_writes_the_same_report(shared_models, tmp_path):
+def test_optimize_writes_the_same_report(tiny_models, tmp_path):
     plan, html = tmp_path / "plan.json", tmp_path / "a.html"
-    r = CliRunner().invoke(cli, ["optimize", str(shared_models / "bert_tiny.onnx"), "--cluster",
+    r = CliRunner().invoke(cli, ["optimize", str(tiny_models / "bert_tiny.onnx"), "--cluster",
                                  str(SPECS / "dgx-a100-8.yaml"), "--batch-size", "16", "--strategy", "data_parallel",
                                  "--out", str(plan), "--report", str(html)])
     assert r.exit_code == 0, r.output

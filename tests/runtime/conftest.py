@@ -8,7 +8,7 @@ from runtime.mpirun import MPIEXEC, Plans
 
 
 @pytest.fixture(scope="session")
-def plans(tmp_path_factory, shared_models) -> Plans:
+def plans(tmp_path_factory, tiny_models) -> Plans:
     if not MPIEXEC.exists():
         pytest.skip(f"no mpiexec next to {sys.executable}")
-    return Plans(tmp_path_factory.mktemp("plans"), shared_models)
+    return Plans(tmp_path_factory.mktemp("plans"), tiny_models)

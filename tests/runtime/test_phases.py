@@ -53,12 +53,12 @@ def test_mean_over_ranks_skips_empty_ranks():
 
 
 @pytest.mark.parametrize("strategy", ["data_parallel", "tensor_parallel"])
-def test_predicted_phases_add_up_to_the_simulated_busy_time(shared_models, cluster_dir, tmp_path, strategy):
+def test_predicted_phases_add_up_to_the_simulated_busy_time(tiny_models, cluster_dir, tmp_path, strategy):
     """bert_tiny on 2 devices: the phases sum to the simulation's busy time per device;
     data parallelism all-reduces gradients and moves nothing forward, tensor parallelism
     moves activations."""
     out = tmp_path / "plan.json"
-    r = CliRunner().invoke(cli, ["optimize", str(shared_models / "bert_tiny.onnx"), "--cluster",
+    r = CliRunner().invoke(cli, ["optimize", str(tiny_models / "bert_tiny.onnx"), "--cluster",
                                  str(cluster_dir / "local-cpu.yaml"), "--batch-size", "4", "--strategy", strategy,
                                  "--out", str(out), "--no-profile"])
     assert r.exit_code == 0, r.output

@@ -70,11 +70,11 @@ def test_weights_sharded_or_replicated_keep_their_region():
     assert params["w1"].group == {0: (0,), 1: (1,)}          # shards: no gradient sync
 
 
-def test_weight_read_in_two_layouts_keeps_it_whole(shared_models, cluster_dir, tmp_path):
+def test_weight_read_in_two_layouts_keeps_it_whole(tiny_models, cluster_dir, tmp_path):
     """bert_tiny's exporter shared one zero bias between a LayerNorm (replicated) and the query
     projection (split): both ranks keep all of it and all-reduce all of its gradient."""
     out = tmp_path / "tp.json"
-    r = CliRunner().invoke(cli, ["optimize", str(shared_models / "bert_tiny.onnx"), "--cluster",
+    r = CliRunner().invoke(cli, ["optimize", str(tiny_models / "bert_tiny.onnx"), "--cluster",
                                  str(cluster_dir / "local-cpu.yaml"), "--batch-size", "4", "--strategy",
                                  "tensor_parallel", "--out", str(out)])
     assert r.exit_code == 0, r.output
@@ -104,9 +104,9 @@ def test_loss_groups_gather_partial_sums_and_class_shards():
     assert len(prog.loss_groups) == 2
 
 
-def test_loss_and_data_rules(shared_models):
-    conv = import_model(shared_models / "convnet_tiny.onnx")
-    bert = import_model(shared_models / "bert_tiny.onnx")
+def test_loss_and_data_rules(tiny_models):
+    conv = import_model(tiny_models / "convnet_tiny.onnx")
+    bert = import_model(tiny_models / "bert_tiny.onnx")
     assert looks_like_logits(conv.pcg) and not looks_like_logits(bert.pcg)
     assert choose_loss("auto", None, conv.pcg) is LossKind.CROSS_ENTROPY
     assert choose_loss("auto", np.zeros(3, np.float32), conv.pcg) is LossKind.MSE

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from models.catalog import SHARED_MODELS, mlp_model
+from models.catalog import TINY_MODELS, mlp_model
 
 from unity_cli.cluster import load_cluster
 from unity_cli.cluster.machine_view import check_view
@@ -52,11 +52,11 @@ def _logical_outputs(pcg):
 # -- every shared model, both clusters ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("filename", [f for f, _ in SHARED_MODELS])
+@pytest.mark.parametrize("filename", [f for f, _ in TINY_MODELS])
 @pytest.mark.parametrize("cluster_name", CLUSTERS)
-def test_baselines_are_valid(shared_models, clusters, filename, cluster_name):
+def test_baselines_are_valid(tiny_models, clusters, filename, cluster_name):
     cluster = clusters[cluster_name]
-    imported = import_model(shared_models / filename, ImportOptions(4))
+    imported = import_model(tiny_models / filename, ImportOptions(4))
     for name, make in STRATEGIES.items():
         baseline = make(imported.pcg, cluster)
         assert baseline.name == name
@@ -76,9 +76,9 @@ def test_baselines_are_valid(shared_models, clusters, filename, cluster_name):
         assert len(cand.report.memory) == cluster.num_devices
 
 
-@pytest.mark.parametrize("filename", [f for f, _ in SHARED_MODELS])
-def test_data_parallel_uses_the_batch(shared_models, clusters, filename):
-    imported = import_model(shared_models / filename, ImportOptions(4))
+@pytest.mark.parametrize("filename", [f for f, _ in TINY_MODELS])
+def test_data_parallel_uses_the_batch(tiny_models, clusters, filename):
+    imported = import_model(tiny_models / filename, ImportOptions(4))
     for cluster in clusters.values():
         dp = data_parallel(imported.pcg, cluster)
         assert dp.devices == 4
@@ -121,8 +121,8 @@ def test_data_parallel_on_32(mlp_path, clusters):
 # -- tensor parallel ------------------------------------------------------------------------------
 
 
-def test_tensor_parallel_bert_splits_matmul_weights(shared_models, clusters):
-    imported = import_model(shared_models / "bert_tiny.onnx", ImportOptions(4))
+def test_tensor_parallel_bert_splits_matmul_weights(tiny_models, clusters):
+    imported = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(4))
     for cluster in clusters.values():
         tp = tensor_parallel(imported.pcg, cluster)
         g = tp.pcg
@@ -181,11 +181,11 @@ def test_tensor_parallel_across_nodes_is_data_parallel_between_them(mlp_path, cl
 # -- choosing ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("filename", [f for f, _ in SHARED_MODELS])
+@pytest.mark.parametrize("filename", [f for f, _ in TINY_MODELS])
 @pytest.mark.parametrize("cluster_name", CLUSTERS)
-def test_best_is_the_fastest_feasible(shared_models, clusters, filename, cluster_name):
+def test_best_is_the_fastest_feasible(tiny_models, clusters, filename, cluster_name):
     cluster = clusters[cluster_name]
-    imported = import_model(shared_models / filename, ImportOptions(4))
+    imported = import_model(tiny_models / filename, ImportOptions(4))
     result = optimize(imported.pcg, cluster, CostConfig(), "best")  # no rules: the search only compares its starts
     assert set(result.candidates) == set(CHOICES) - {"best"}
     feasible = [c for c in result.candidates.values() if c.report.feasible]
@@ -212,9 +212,9 @@ def _small_cluster(tmp_path: Path, capacity: str):
     return load_cluster(path)
 
 
-def test_memory_infeasible(shared_models, tmp_path):
+def test_memory_infeasible(tiny_models, tmp_path):
     cluster = _small_cluster(tmp_path, "1 MiB")
-    imported = import_model(shared_models / "bert_tiny.onnx", ImportOptions(4))
+    imported = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(4))
     with pytest.raises(InfeasibleError) as e:
         optimize(imported.pcg, cluster, CostConfig())
     msg = str(e.value)
@@ -225,10 +225,10 @@ def test_memory_infeasible(shared_models, tmp_path):
         optimize(imported.pcg, cluster, CostConfig(), "data_parallel")
 
 
-def test_best_skips_the_infeasible(shared_models, tmp_path):
+def test_best_skips_the_infeasible(tiny_models, tmp_path):
     """bert_tiny at batch 1: data parallel is faster but keeps every weight on its one device;
     tensor parallelism splits the weights and is the only one that fits in 2 MiB."""
-    imported = import_model(shared_models / "bert_tiny.onnx", ImportOptions(1))
+    imported = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(1))
     roomy = optimize(imported.pcg, load_cluster(SPECS / "dgx-a100-8.yaml"), CostConfig())
     dp, tp = roomy.candidates["data_parallel"].report, roomy.candidates["tensor_parallel"].report
     assert dp.step_time < tp.step_time

@@ -327,9 +327,9 @@ CASES = [("mlp", "1x6", 6), ("mlp", "5x6", 30), ("deep", "2x3", 6), ("emb", "1x6
 
 
 @pytest.mark.parametrize("model,cluster_name,batch", CASES, ids=[f"{m}-{c}" for m, c, _ in CASES])
-def test_best_is_never_slower(models, clusters, shared_models, model, cluster_name, batch):
+def test_best_is_never_slower(models, clusters, tiny_models, model, cluster_name, batch):
     path = {"mlp": lambda: _mlp(models), "deep": lambda: _deep_mlp(models), "emb": lambda: _embedding(models, 30, 6),
-            "bert_tiny": lambda: shared_models / "bert_tiny.onnx",
+            "bert_tiny": lambda: tiny_models / "bert_tiny.onnx",
             "wide": lambda: mlp_model(models / "wide.onnx", d_in=256, hidden=1024, d_out=256, shape_only=True)}[model]()
     cluster = clusters[cluster_name]
     pcg = import_model(path, ImportOptions(batch)).pcg

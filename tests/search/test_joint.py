@@ -26,8 +26,8 @@ def rules():
 
 
 @pytest.mark.parametrize("name", ["convnet_tiny.onnx", "bert_tiny.onnx"])
-def test_never_worse_than_any_baseline(shared_models, cluster_dir, rules, name):
-    pcg = import_model(shared_models / name, ImportOptions(batch_size=8)).pcg
+def test_never_worse_than_any_baseline(tiny_models, cluster_dir, rules, name):
+    pcg = import_model(tiny_models / name, ImportOptions(batch_size=8)).pcg
     cluster = load_cluster(cluster_dir / "dgx-a100-8.yaml")
     res = optimize(pcg, cluster, CostConfig(), "unity", rules, max_candidates=60)
     best = res.chosen.report.step_time
@@ -36,11 +36,11 @@ def test_never_worse_than_any_baseline(shared_models, cluster_dir, rules, name):
     assert res.stats.candidates >= len(res.candidates)
 
 
-def test_a_budget_is_a_ceiling_and_says_when_it_cut(tmp_path, shared_models, cluster_dir):
+def test_a_budget_is_a_ceiling_and_says_when_it_cut(tmp_path, tiny_models, cluster_dir):
     """--budget far below what bert's search needs: the run still writes a plan, the summary
     says in one line that the ceiling cut the search, and the plan records it."""
     out = tmp_path / "plan.json"
-    p = subprocess.run([UNITY, "optimize", str(shared_models / "bert_tiny.onnx"), "--cluster",
+    p = subprocess.run([UNITY, "optimize", str(tiny_models / "bert_tiny.onnx"), "--cluster",
                         str(cluster_dir / "dgx-a100-8.yaml"), "--budget", "0.01", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -50,9 +50,9 @@ def test_a_budget_is_a_ceiling_and_says_when_it_cut(tmp_path, shared_models, clu
     assert search["cut_by_budget"] is True and search["candidates"] < 50
 
 
-def test_max_candidates_wins_over_the_budget(shared_models, cluster_dir, rules):
+def test_max_candidates_wins_over_the_budget(tiny_models, cluster_dir, rules):
     """A work count given, the time ceiling does not apply: the plan cannot depend on speed."""
-    pcg = import_model(shared_models / "convnet_tiny.onnx", ImportOptions(batch_size=8)).pcg
+    pcg = import_model(tiny_models / "convnet_tiny.onnx", ImportOptions(batch_size=8)).pcg
     cluster = load_cluster(cluster_dir / "dgx-a100-8.yaml")
     res = optimize(pcg, cluster, CostConfig(), "unity", rules, budget=1e-6, max_candidates=30)
     assert not res.cut_by_budget
@@ -60,12 +60,12 @@ def test_max_candidates_wins_over_the_budget(shared_models, cluster_dir, rules):
     assert res.chosen.report == free.chosen.report and res.rewrites == free.rewrites
 
 
-def test_deterministic_across_hash_seeds(tmp_path, shared_models, cluster_dir):
+def test_deterministic_across_hash_seeds(tmp_path, tiny_models, cluster_dir):
     plans = []
     for seed in ("1", "4242"):
         out = tmp_path / f"plan{seed}.json"
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        p = subprocess.run([UNITY, "optimize", str(shared_models / "convnet_tiny.onnx"), "--cluster",
+        p = subprocess.run([UNITY, "optimize", str(tiny_models / "convnet_tiny.onnx"), "--cluster",
                             str(cluster_dir / "dgx-a100-8.yaml"), "--out", str(out)],
                            capture_output=True, text=True, env=env, timeout=900)
         assert p.returncode == 0, p.stderr
@@ -74,8 +74,8 @@ def test_deterministic_across_hash_seeds(tmp_path, shared_models, cluster_dir):
     assert json.loads(plans[0])["search"]["cut_by_budget"] is False
 
 
-def test_search_baselines_are_reported_beside_unity(shared_models, cluster_dir, rules):
-    pcg = import_model(shared_models / "convnet_tiny.onnx", ImportOptions(batch_size=8)).pcg
+def test_search_baselines_are_reported_beside_unity(tiny_models, cluster_dir, rules):
+    pcg = import_model(tiny_models / "convnet_tiny.onnx", ImportOptions(batch_size=8)).pcg
     cluster = load_cluster(cluster_dir / "dgx-a100-8.yaml")
     res = optimize(pcg, cluster, CostConfig(), "unity", rules, max_candidates=40)
     assert {"parallel_only", "algebraic_then_parallel", "data_parallel", "tensor_parallel"} <= set(res.candidates)
@@ -85,12 +85,12 @@ def test_search_baselines_are_reported_beside_unity(shared_models, cluster_dir, 
         assert alone.chosen.report.step_time <= alone.candidates["data_parallel"].report.step_time * (1 + 1e-9)
 
 
-def test_a_candidate_cap_gives_the_same_plan_everywhere(tmp_path, shared_models, cluster_dir):
+def test_a_candidate_cap_gives_the_same_plan_everywhere(tmp_path, tiny_models, cluster_dir):
     """bert does not finish in a few seconds; --max-candidates stops it deterministically."""
     plans = []
     for seed in ("3", "99"):
         out = tmp_path / f"plan{seed}.json"
-        p = subprocess.run([UNITY, "optimize", str(shared_models / "bert_tiny.onnx"), "--cluster",
+        p = subprocess.run([UNITY, "optimize", str(tiny_models / "bert_tiny.onnx"), "--cluster",
                             str(cluster_dir / "dgx-a100-8.yaml"), "--batch-size", "16", "--strategy", "unity",
                             "--max-candidates", "40", "--out", str(out)],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED=seed), timeout=600)

@@ -50,8 +50,8 @@ def test_stale_and_tampered_caches_are_refused(tmp_path):
 
 @pytest.mark.parametrize("name", ["bert_tiny.onnx", "bert_tiny_dynamo.onnx", "convnet_tiny.onnx",
                                   "convnet_tiny_dynamo.onnx"])
-def test_every_rule_applies_to_shared_models_without_an_invalid_pcg(cache, shared_models, name):
-    pcg = import_model(shared_models / name, ImportOptions(batch_size=4)).pcg
+def test_every_rule_applies_to_shared_models_without_an_invalid_pcg(cache, tiny_models, name):
+    pcg = import_model(tiny_models / name, ImportOptions(batch_size=4)).pcg
     applied = refused = 0
     for rule in cache.rules:
         for r in (rule, rule.reversed()):

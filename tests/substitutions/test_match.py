@@ -79,8 +79,8 @@ def test_parallelization_rule_takes_its_degree_from_the_caller():
         apply_match(g, m, {"d": 5})
 
 
-def test_rewrites_of_a_real_model_stay_valid(shared_models):
-    m = import_model(shared_models / "bert_tiny.onnx", ImportOptions(batch_size=4))
+def test_rewrites_of_a_real_model_stay_valid(tiny_models):
+    m = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(batch_size=4))
     matches = find_matches(m.pcg, column_split())
     assert len(matches) == 16
     for mt in matches:

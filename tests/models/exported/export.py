@@ -4,7 +4,7 @@ both of torch.onnx's exporters: the TorchScript one (opset 17, dynamic batch
 axis ``batch`` on every input) and the dynamo one (opset 18, static shapes,
 weights in ``<name>_dynamo.onnx.data`` beside the model).
 
-Modelled on shared/models/export.py.  PyTorch is not a dependency of unity; use
+The tiny models of ../tiny/ were exported the same way.  PyTorch is not a dependency of unity; use
 a throwaway venv:
 
     python3 -m venv /tmp/exportenv
