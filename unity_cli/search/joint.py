@@ -22,6 +22,7 @@ from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate
 from ..ir.pcg import PCG
 from ..ir.simplify import simplify
+from ..substitutions.equivalence import search_rules
 from ..substitutions.match import RewriteError, apply_match, find_matches, free_params
 from ..substitutions.rule import Rule
 from .views import default_views
@@ -89,7 +90,8 @@ class JointSearch:
             # Any divisor of the device count (6 = 2 x 3, 48 = 8 x 6), never only powers of two.
             n = self.cluster.num_devices
             self.degrees = tuple(d for d in range(2, n + 1) if n % d == 0)
-        self._rules = [(r, False) for r in self.rules] + [(r.reversed(), True) for r in self.rules]
+        # Both directions, less those that only give graphs another gives (same hash).
+        self._rules = search_rules([(r, False) for r in self.rules] + [(r.reversed(), True) for r in self.rules])
         # The op kinds each source pattern needs: a rule whose kinds a graph lacks cannot match.
         self._kinds = [frozenset(n.kind for n in r.src.nodes) for r, _ in self._rules]
 
