@@ -130,7 +130,7 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False),
-              help="Cluster spec YAML (default: this machine).")
+              help="Cluster spec: a YAML file or a bundled spec's name (unity clusters; default: this machine).")
 @click.option("--batch-size", type=int, help="Leading dim of every (non-weight) graph input.")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=DIMS", help="Concrete shape of one input.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
@@ -168,6 +168,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
              rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
              report_path: str | None = None) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
+    from .cluster import cluster_path as find_cluster
     from .cluster import load_cluster, local_cluster
     from .cost.model import CostConfig, Optimizer
     from .cost.profile import profile_for
@@ -185,11 +186,12 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     check_number("--max-candidates", max_candidates, 1, MAX_COUNT)
     check_number("--memory-limit", memory_limit, 0, low_open=True)
     check_number("--alpha", alpha, 1)
-    reads = {"model": model, "cluster spec": cluster_path, "rule cache": rules_path, "profile": profile_path}
+    spec = find_cluster(cluster_path) if cluster_path else None   # a path or a bundled name
+    reads = {"model": model, "cluster spec": spec, "rule cache": rules_path, "profile": profile_path}
     check_output("--out", out_path, reads)
     if report_path:
         check_output("--report", report_path, {**reads, "plan (--out)": out_path})
-    cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
+    cluster = load_cluster(spec) if spec else local_cluster()
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
     limit = int(memory_limit * 1e9) if memory_limit is not None else None
@@ -281,6 +283,30 @@ def zoo_command(name: str | None, out_path: str | None, scale: str, batch_size: 
                f"inputs {inputs}; {stored}")
 
 
+@cli.command("clusters")
+@handles_errors
+def clusters_command() -> None:
+    """List the bundled cluster specs: --cluster takes a name from this list or a path."""
+    from .cluster import bundled_clusters, load_cluster
+
+    for name, path in bundled_clusters().items():
+        c = load_cluster(path)
+        shape = " + ".join(f"{count} x {devices}" for devices, count in _runs(n.devices for n in c.nodes))
+        types = ", ".join(dict.fromkeys(n.device.name for n in c.nodes))
+        click.echo(f"{name:<18} {c.num_devices:>5} devices  ({shape}; {types})")
+
+
+def _runs(values) -> list[tuple[int, int]]:
+    """Runs of equal values, as (value, how many in a row): 8, 8, 4 -> (8, 2), (4, 1)."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return [(v, k) for v, k in out]
+
+
 @cli.command("verify-rules")
 @click.option("--max-ops", type=int, default=3, show_default=True, help="Largest graphs the generator enumerates.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
@@ -335,7 +361,8 @@ def _share_cores_as_ranks(devices_per_node: int) -> None:
 
 @cli.command("profile")
 @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False),
-              help="Cluster spec YAML whose device type this machine's devices stand for (default: this machine).")
+              help="Cluster spec (a YAML file or a bundled name, see unity clusters) whose device type this machine's "
+                   "devices stand for (default: this machine).")
 @click.option("--model", "models", multiple=True, type=click.Path(dir_okay=False),
               help="ONNX model whose plans' operator pieces to measure (repeatable).")
 @click.option("--plan", "plans", multiple=True, type=click.Path(dir_okay=False),
@@ -357,9 +384,11 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
             batch_size: int | None, dtype: str, max_seconds: float, device_type: str | None, backend: str,
             replace: bool, as_json: bool) -> None:
     """Measure operator pieces (and, under mpiexec -n 2+, links and collectives) for the cost model."""
+    from .cluster import cluster_path as find_cluster
     from .cluster import load_cluster, local_cluster
 
-    cluster = load_cluster(cluster_path) if cluster_path else local_cluster()
+    spec = find_cluster(cluster_path) if cluster_path else None   # a path or a bundled name
+    cluster = load_cluster(spec) if spec else local_cluster()
     _share_cores_as_ranks(max(n.devices for n in cluster.nodes))
     from .runtime.memory import keep_freed_memory
 
@@ -373,7 +402,7 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
     check_number("--batch-size", batch_size, 1, MAX_BATCH)
     check_number("--max-seconds", max_seconds, 0, low_open=True)
     out = Path(out_path) if out_path else default_profile_path(cluster.name)
-    reads = {"cluster spec": cluster_path} | {f"model {m}": m for m in models} | {f"plan {p}": p for p in plans}
+    reads = {"cluster spec": spec} | {f"model {m}": m for m in models} | {f"plan {p}": p for p in plans}
     if out_path or out.parent.is_dir():
         check_output("--out", out, reads)
     old = None

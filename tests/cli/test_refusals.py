@@ -65,3 +65,36 @@ def test_a_graph_without_outputs(tmp_path):
     path = tmp_path / "none.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     _error(["optimize", str(path), "--out", str(tmp_path / "p.json")], str(path), "no outputs")
+
+
+def _bomb(levels: int = 9) -> str:
+    """A billion-laughs value: a flow list whose each item repeats the one before nine times
+    (9^9 strings behind a few hundred bytes)."""
+    items = ['&a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    items += [f"&a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, levels)]
+    return "[" + ", ".join(items) + "]"
+
+
+@pytest.mark.parametrize("where", ["name", "count", "unknown key"])
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, mlp, where):
+    """In a typed field (the schema would walk every value) or under an unknown key."""
+    if where == "name":
+        text = DGX8.replace("name: dgx-a100-8", f"name: {_bomb()}", 1)
+    elif where == "count":
+        text = DGX8.replace("count: 1", f"count: {_bomb()}", 1)
+    else:
+        text = DGX8 + f"extra: {_bomb()}\n"
+    assert "*a7" in text
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    line = _error(["optimize", str(mlp), "--cluster", str(path), "--out", str(tmp_path / "p.json")], str(path))
+    assert "expands to more than 100,000 values" in line, line
+
+
+def test_a_yaml_document_too_big_or_too_deep(tmp_path, mlp):
+    big = tmp_path / "big.yaml"
+    big.write_text(DGX8 + "#" + "x" * (1 << 20) + "\n")
+    _error(["optimize", str(mlp), "--cluster", str(big), "--out", str(tmp_path / "p.json")], str(big), "MiB")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    _error(["optimize", str(mlp), "--cluster", str(deep), "--out", str(tmp_path / "p.json")], str(deep))

@@ -7,7 +7,7 @@ for the current machine by ``local_cluster``. Quantities are SI base units throu
 from __future__ import annotations
 
 from unity_cli.cluster.local import local_cluster
-from unity_cli.cluster.parse import load_cluster, parse_cluster
+from unity_cli.cluster.parse import bundled_clusters, cluster_path, load_cluster, parse_cluster
 from unity_cli.cluster.spec import (
     DTYPES,
     ClusterSpec,
@@ -37,6 +37,8 @@ __all__ = [
     "NodeSpec",
     "default_launch_overhead",
     "format_quantity",
+    "bundled_clusters",
+    "cluster_path",
     "load_cluster",
     "local_cluster",
     "parse_bandwidth",

@@ -29,7 +29,7 @@ from unity_cli.cluster.spec import (
 from unity_cli.cluster.units import Dimension, format_quantity, parse_quantity
 from unity_cli.errors import ClusterSpecError
 
-__all__ = ["load_cluster", "parse_cluster"]
+__all__ = ["bundled_clusters", "cluster_path", "load_cluster", "parse_cluster"]
 
 MAX_DEVICES = 65_536
 """The most devices a cluster may have (and nodes, and devices per node): a plan of more
@@ -123,13 +123,45 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+BUNDLED = Path(__file__).resolve().parents[1] / "data" / "clusters"
+"""The cluster specs the package ships (the repo's ``cluster_specs/``): ``--cluster NAME``."""
+
+MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_VALUES = 100_000
+"""A cluster spec's size limits, checked before the schema walks it: the bundled ones are a
+few KiB and a few hundred values; a YAML alias bomb expands to billions."""
+
+
+def bundled_clusters() -> dict[str, Path]:
+    """The shipped cluster specs by name (the file name without ``.yaml``), sorted."""
+    return {p.stem: p for p in sorted(BUNDLED.glob("*.yaml"))}
+
+
+def cluster_path(spec: str | os.PathLike[str]) -> Path:
+    """The file ``--cluster`` names: a path when one exists there, else a bundled spec's
+    name (``dgx-a100-8`` or ``dgx-a100-8.yaml``), else a ClusterSpecError listing them."""
+    p = Path(spec)
+    if p.exists():
+        return p
+    shipped = bundled_clusters()
+    name = p.name[:-len(".yaml")] if p.name.endswith(".yaml") else p.name
+    if (p.parent == Path(".") or p.parent == Path("cluster_specs")) and name in shipped:
+        return shipped[name]
+    raise ClusterSpecError(f"{spec}: no such file, and not a bundled cluster ({', '.join(shipped)}; "
+                           "'unity clusters' lists them)")
+
+
 def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
-    """Read and validate a cluster YAML; every problem is one ``ClusterSpecError`` line."""
+    """Read and validate a cluster YAML (a path, or a bundled spec's name); every problem
+    is one ``ClusterSpecError`` line."""
     source = str(path)
+    path = cluster_path(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ClusterSpecError(f"{source}: no such file") from None
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise ClusterSpecError(f"{source}: more than {MAX_SPEC_BYTES >> 20} MiB: not a cluster spec")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise ClusterSpecError(f"{source}: cannot read: {reason}") from None
@@ -142,9 +174,29 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
         raise ClusterSpecError(f"{source}: {where}YAML does not parse: {problem}") from None
     except yaml.YAMLError as exc:
         raise ClusterSpecError(f"{source}: YAML does not parse: {exc}") from None
+    except RecursionError:
+        raise ClusterSpecError(f"{source}: YAML nested too deep to be a cluster spec") from None
     if data is None:
         raise ClusterSpecError(f"{source}: file is empty")
+    _check_size(data, source)
     return parse_cluster(data, source)
+
+
+def _check_size(data: object, source: str) -> None:
+    """Refuse a document of more than :data:`MAX_SPEC_VALUES` values, counting every value
+    an alias repeats (the walk stops at the limit, so a bomb costs no more than that)."""
+    stack, seen = [data], 0
+    while stack:
+        x = stack.pop()
+        seen += 1
+        if seen > MAX_SPEC_VALUES:
+            raise ClusterSpecError(f"{source}: the document expands to more than {MAX_SPEC_VALUES:,} values "
+                                   "(YAML aliases repeating aliases?): not a cluster spec")
+        if isinstance(x, Mapping):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
 
 
 def parse_cluster(data: object, source: str) -> ClusterSpec:

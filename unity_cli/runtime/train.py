@@ -29,7 +29,7 @@ from .optim import OptimizerConfig
 from .phases import StepClock, mean_over_ranks, phase_table, predicted_phases_ms
 from .weights import ParamStore
 
-LOCAL_CPU = "cluster_specs/local-cpu.yaml"
+LOCAL_CPU = "local-cpu"   # a bundled cluster spec: --cluster takes its name anywhere
 
 
 @dataclass(frozen=True)
