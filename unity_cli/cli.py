@@ -72,6 +72,31 @@ def check_number(option: str, value: float | int | None, low: float | None = Non
         raise UsageError(f"{option} must be {kind}{' ' + where if where else ''}, got {value}")
 
 
+def _memory_limit(text: str | None) -> int | None:
+    """``--memory-limit`` in bytes: a size with its unit (``12GiB``, ``16 GB``) or a bare
+    number of GB; a one-line UsageError on anything else, zero, NaN or infinity."""
+    if text is None:
+        return None
+    from .cluster.units import parse_bytes
+
+    try:
+        gb = float(text)
+    except ValueError:
+        try:
+            size = parse_bytes(text)
+        except ValueError as e:
+            raise UsageError(f"--memory-limit {text!r}: {e}") from None
+    else:
+        check_number("--memory-limit", gb, 0, low_open=True)
+        size = round(gb * 1e9)
+    if not 1 <= size <= MAX_MEMORY:
+        raise UsageError(f"--memory-limit {text!r}: must be from 1 byte to {MAX_MEMORY >> 50} PiB")
+    return size
+
+
+MAX_MEMORY = 1 << 60
+
+
 def _plain(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
@@ -147,8 +172,9 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--max-candidates", type=int,
               help="Stop the searches after this many candidates in all (default: 200). A count, unlike "
                    "seconds, gives the same plan on every machine; given, it wins over --budget.")
-@click.option("--memory-limit", type=float, metavar="GB",
-              help="Memory per device the plan may use, in GB (default: each device's capacity).")
+@click.option("--memory-limit", metavar="SIZE",
+              help="Memory per device the plan may use: a size such as 12GiB or 16GB; a bare number is GB "
+                   "(default: each device's capacity).")
 @click.option("--alpha", type=float, default=1.05, show_default=True,
               help="The joint search expands candidates within this factor of the best.")
 @click.option("--out", "out_path", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
@@ -164,7 +190,7 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @handles_errors
 def optimize(model: str, cluster_path: str | None, batch_size: int | None, inputs: tuple[str, ...], dtype: str,
              optimizer: str, strategy: str, budget: float | None, max_candidates: int | None,
-             memory_limit: float | None, alpha: float, out_path: str,
+             memory_limit: str | None, alpha: float, out_path: str,
              rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
              report_path: str | None = None) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
@@ -184,7 +210,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     check_number("--batch-size", batch_size, 1, MAX_BATCH)
     check_number("--budget", budget, 0, low_open=True)
     check_number("--max-candidates", max_candidates, 1, MAX_COUNT)
-    check_number("--memory-limit", memory_limit, 0, low_open=True)
+    limit = _memory_limit(memory_limit)
     check_number("--alpha", alpha, 1)
     spec = find_cluster(cluster_path) if cluster_path else None   # a path or a bundled name
     reads = {"model": model, "cluster spec": spec, "rule cache": rules_path, "profile": profile_path}
@@ -194,7 +220,6 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     cluster = load_cluster(spec) if spec else local_cluster()
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
-    limit = int(memory_limit * 1e9) if memory_limit is not None else None
     if profile_path and no_profile:
         raise UsageError("--profile and --no-profile: pick one")
     profile, profile_note = profile_for(cluster, profile_path, use_default=not no_profile)
@@ -468,7 +493,7 @@ def report(plan_path: str, out_path: str, measured_path: str | None) -> None:
 
     check_output("--out", out_path, {"plan": plan_path, "measured run": measured_path})
     plan = load_plan(plan_path)
-    measured = load_measured(measured_path) if measured_path else None
+    measured = load_measured(measured_path, plan) if measured_path else None
     size = write_report(plan, out_path, measured)
     click.echo(f"wrote {out_path} ({size / 1024:.0f} KiB)")
 

@@ -75,3 +75,15 @@ def test_values_in_range_are_never_refused(prefix, option, kind, low, high, low_
     for value in {edge, high if high is not None else edge * 10 + 5}:
         r = _invoke(prefix + [f"{option}={value}"])
         assert option not in r.output, r.output
+
+
+def test_memory_limit_takes_a_size_or_gb():
+    from unity_cli.cli import _memory_limit
+
+    assert _memory_limit("12GiB") == 12 * 2**30 and _memory_limit("12 GiB") == 12 * 2**30
+    assert _memory_limit("16GB") == _memory_limit("16") == 16 * 10**9          # a bare number is GB
+    assert _memory_limit("512 MiB") == 512 * 2**20 and _memory_limit(None) is None
+    for bad, word in (("0.4 B", "1 byte"), ("12 GiB/s", "12 GiB/s"), ("-1 GiB", "1 byte"), ("lots", "lots")):
+        r = _invoke(["optimize", "missing.onnx", "--memory-limit", bad])
+        assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+        assert r.output.startswith("error: --memory-limit") and word in r.output, r.output

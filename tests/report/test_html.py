@@ -127,7 +127,8 @@ def test_measured_run_is_shown_and_a_malformed_one_rejected(bert_dp, tmp_path):
     plan = tmp_path / "plan.json"
     bert_dp.save(plan)
     run = {"measured_step_time_ms": 2.5, "predicted_step_time_ms": 1.0, "ratio": 2.5, "loss": [2.3, 2.1],
-           "steps": 2, "ranks": 8, "check": {"passed": True, "max_rel_err": 1e-6}}
+           "steps": 2, "ranks": 8, "check": {"passed": True, "max_rel_err": 1e-6},
+           "plan_sha256": load_plan(plan).sha256}
     good = tmp_path / "run.json"
     good.write_text(json.dumps(run))
     out = tmp_path / "r.html"
@@ -161,6 +162,26 @@ def test_measured_run_is_shown_and_a_malformed_one_rejected(bert_dp, tmp_path):
     assert r.exit_code == 1 and "'loss'" in r.output
     r = CliRunner().invoke(cli, ["report", str(tmp_path / "nope.json"), "-o", str(out)])
     assert r.exit_code == 1 and r.output.startswith("error:")
+
+
+def test_a_run_of_another_plan_is_refused(bert_dp, bert_tp, tmp_path):
+    plan, other = tmp_path / "plan.json", tmp_path / "other.json"
+    bert_dp.save(plan)
+    bert_tp.save(other)
+    run = {"measured_step_time_ms": 2.5, "predicted_step_time_ms": 1.0, "ratio": 2.5, "loss": [2.3], "steps": 1}
+    out = tmp_path / "r.html"
+    for name, sha in (("theirs", load_plan(other).sha256), ("none", None)):
+        path = tmp_path / f"run-{name}.json"
+        path.write_text(json.dumps(run if sha is None else dict(run, plan_sha256=sha)))
+        r = CliRunner().invoke(cli, ["report", str(plan), "-o", str(out), "--measured", str(path)])
+        assert r.exit_code == 1
+        (line,) = r.output.strip().splitlines()
+        assert str(path) in line and ("another plan" if sha else "no plan_sha256") in line, line
+        assert not out.exists()
+    mine = tmp_path / "run-mine.json"
+    mine.write_text(json.dumps(dict(run, plan_sha256=load_plan(plan).sha256)))
+    r = CliRunner().invoke(cli, ["report", str(plan), "-o", str(out), "--measured", str(mine)])
+    assert r.exit_code == 0, r.output
 
 
 def test_optimize_writes_the_same_report(tiny_models, tmp_path):

@@ -45,7 +45,9 @@ def test_measured_equals_predicted(plans, model, strategy, devices):
     plan = plans.get(model, strategy, devices)
     doc = run_json(plan, "--steps", "2", ranks=devices)
     assert_equal(doc, devices)
-    assert json.loads(plan.read_text())["predicted"]["comm_bytes"] == doc["comm_bytes"]["predicted"]
+    written = json.loads(plan.read_text())
+    assert written["predicted"]["comm_bytes"] == doc["comm_bytes"]["predicted"]
+    assert doc["plan_sha256"] == written["content_sha256"]   # what report --measured checks
 
 
 def test_reduce_broadcast_and_every_gradient(plans, tmp_path):

@@ -155,6 +155,15 @@ def parse_duration(value: object) -> float:
     return parse_quantity(value, Dimension.TIME)
 
 
+def format_bytes(n: float, digits: int = 1) -> str:
+    """A size in binary units, the one unit family unity prints memory in (``"1.5 GiB"``,
+    ``"640.0 KiB"``, ``"12 B"``)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{int(n)} B"
+
+
 def format_quantity(value: float, dimension: Dimension) -> str:
     """A short human-readable form (``"19.5 TFLOP/s"``, ``"40 GiB"``, ``"2 us"``).
 

@@ -19,7 +19,7 @@ from enum import Enum
 
 from ..cluster.machine_view import MachineView
 from ..cluster.spec import ClusterSpec
-from ..cluster.units import Dimension, format_quantity
+from ..cluster.units import format_bytes
 from ..ir.dtypes import DType
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
@@ -176,6 +176,15 @@ def _price(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence
     return NodeCost(i, fwd, bwd, f, b, 0, loss), moves
 
 
+def _sizes_apart(a: float, b: float) -> tuple[str, str]:
+    """Two sizes in binary units, with as many decimals as it takes to tell them apart."""
+    for digits in range(1, 7):
+        x, y = format_bytes(a, digits), format_bytes(b, digits)
+        if x != y:
+            break
+    return x, y
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
                   profile: Profile | None = None) -> tuple[float, float]:
@@ -231,8 +240,8 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
             cap = min(cap, config.memory_limit)
         if used > cap:
             limit = " (the --memory-limit)" if cap == config.memory_limit else ""
-            infeasible = (f"needs {format_quantity(used, Dimension.BYTES)} on device {d}, "
-                          f"which has {format_quantity(cap, Dimension.BYTES)}{limit}")
+            need, have = _sizes_apart(used, cap)
+            infeasible = f"needs {need} on device {d}, which has {have}{limit}"
             break
     return CostReport(step, max(busiest_compute, default=0.0), max(busiest_comm, default=0.0), tuple(memory),
                       tuple(costs), tuple(events) + tuple(upd_events), infeasible, tuple(round(b) for b in sent))

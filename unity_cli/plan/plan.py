@@ -56,6 +56,7 @@ class Plan:
     baselines: dict[str, dict[str, Any]]
     rewrites: tuple[dict[str, Any], ...] = ()
     search: dict[str, Any] = field(default_factory=dict)
+    sha256: str = field(default="", compare=False)   # its content_sha256, as read (a run report cites it)
 
     def to_json(self) -> dict[str, Any]:
         nodes = []
@@ -181,4 +182,5 @@ def plan_from_json(data: Any) -> Plan:
         if why:
             raise PlanError(f"pcg.nodes[{i}].view: {why}")
     return Plan(data["model"], cluster, data["config"], data["strategy"], pcg, tuple(views), data["predicted"],
-                data["baselines"], tuple(data.get("rewrites", ())), data.get("search", {}))
+                data["baselines"], tuple(data.get("rewrites", ())), data.get("search", {}),
+                str(data.get(HASH_FIELD, "")))

@@ -39,11 +39,17 @@ _ERRORS_JS = ('window.addEventListener("error",function(e){var r=document.docume
               'r.setAttribute("data-errors",(r.getAttribute("data-errors")||"")+e.message+";");});')
 
 
-def load_measured(path: str | os.PathLike) -> dict[str, Any]:
-    """A ``unity run --json`` report, checked: every problem is one line naming the file and field."""
+def load_measured(path: str | os.PathLike, plan: Plan | None = None) -> dict[str, Any]:
+    """A ``unity run --json`` report, checked: every problem is one line naming the file and
+    field. Given ``plan``, the run must be of that plan (its ``plan_sha256``)."""
     data = read_json(path, ReportError, "unity run --json report")
     if not isinstance(data, dict):
         raise ReportError(f"{path}: not a JSON object (expected the output of 'unity run --json')")
+    if plan is not None and data.get("plan_sha256") != plan.sha256:
+        ran = data.get("plan_sha256")
+        which = f"another plan (plan_sha256 {str(ran)[:12]}…)" if ran else "an unknown plan (no plan_sha256)"
+        raise ReportError(f"{path}: is a run of {which}, not of this one ({plan.sha256[:12]}…): run this plan "
+                          "with 'unity run --json' and pass that")
     for name, (what, ok) in MEASURED_FIELDS.items():
         if name not in data:
             raise ReportError(f"{path}: missing field {name!r} (expected the output of 'unity run --json')")

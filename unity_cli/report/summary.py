@@ -4,19 +4,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..cluster.spec import ClusterSpec
+from ..cluster.units import format_bytes as fmt_bytes
 from ..cost.model import CostConfig, Optimizer
 from ..cost.profile import Profile, load_profile
 from ..errors import ProfileError
 from ..ir.dtypes import DType
 from ..plan.plan import Plan
 from .operators import OperatorRow, heaviest_table, operator_rows
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def fmt_ms(ms: float) -> str:

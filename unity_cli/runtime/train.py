@@ -70,6 +70,7 @@ class RunReport:
     predicted_phases_ms: dict[str, float] = field(default_factory=dict)  # the cost model's, mean over devices
     sent_bytes: list[int] = field(default_factory=list)            # per rank: bytes of tensor data sent per step
     predicted_sent_bytes: list[int] = field(default_factory=list)  # per device, from the plan (cost.moves)
+    plan_sha256: str = ""          # the plan's content_sha256: report --measured checks the run is of its plan
 
     @property
     def measured_ms(self) -> float:
@@ -82,7 +83,8 @@ class RunReport:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "plan": self.plan, "strategy": self.strategy, "ranks": self.ranks, "backend": self.backend,
+            "plan": self.plan, "plan_sha256": self.plan_sha256,
+            "strategy": self.strategy, "ranks": self.ranks, "backend": self.backend,
             "loss_kind": self.loss_kind, "optimizer": self.optimizer, "lr": self.lr, "steps": self.steps,
             "loss": self.loss, "step_times_ms": self.step_times_ms,
             "measured_step_time_ms": self.measured_ms, "predicted_step_time_ms": self.predicted_ms,
@@ -332,5 +334,6 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
                        job.optimizer.kind.value, job.optimizer.lr, opts.steps, losses, step_ms,
                        float(job.plan.predicted.get("step_time_ms", 0.0)),
                        check.to_json() if check is not None else None, saved, warnings,
-                       phases, predicted_phases, [round(steps[-1]) for steps in sent], predicted_sent)
+                       phases, predicted_phases, [round(steps[-1]) for steps in sent], predicted_sent,
+                       job.plan.sha256)
     return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)
