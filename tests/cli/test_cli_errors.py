@@ -191,7 +191,7 @@ def test_memory_infeasible(mlp, tmp_path):
     text = DGX8.read_text().replace("capacity: 40 GiB", "capacity: 1 KiB")
     path = _yaml(tmp_path, text)
     _check(["optimize", str(mlp), "--cluster", str(path), "--out", str(tmp_path / "p.json")],
-           "fits", "needs", "1 KiB")
+           "fits", "needs", "which has 1.0 KiB")
 
 
 def test_internal_error_is_one_line(mlp, monkeypatch, tmp_path):

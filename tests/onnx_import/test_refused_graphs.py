@@ -6,8 +6,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from click.testing import CliRunner
 from onnx import TensorProto, helper
 
+from unity_cli.cli import cli
 from unity_cli.errors import ModelError
 from unity_cli.onnx_import import ImportOptions, import_model
 
@@ -69,3 +71,74 @@ def test_a_broken_graph_is_refused_naming_the_tensor(tmp_path, case, words):
         import_model(path, ImportOptions())
     msg = str(e.value)
     assert str(path) in msg and "\n" not in msg and all(w in msg for w in words), msg
+
+
+def _dim(value=None, param=None):
+    d = onnx.TensorShapeProto.Dimension()
+    if value is not None:
+        d.dim_value = value
+    if param is not None:
+        d.dim_param = param
+    return d
+
+
+@pytest.mark.parametrize("dims, words", [
+    ([4, 0], ["dim 1 is 0 (an empty tensor)"]),
+    ([0, 8], ["dim 0 is 0 (an empty tensor)"]),            # not taken for a symbolic batch of 32
+    ([4, -3], ["dim 1 is -3, which no tensor has"]),
+    ([4, None], ["dim 1 is unknown (neither a size nor a name)"]),
+    ([4, "width"], ["dim 1 is symbolic ('width')", "--input x="]),
+])
+def test_an_odd_dim_is_named_for_what_it_is(tmp_path, dims, words):
+    x = _vi("x", [2, 8])
+    del x.type.tensor_type.shape.dim[:]
+    x.type.tensor_type.shape.dim.extend(_dim(param=d) if isinstance(d, str) else _dim(d) for d in dims)
+    path = tmp_path / "odd.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [_vi("y", [2, 8])]), path)
+    with pytest.raises(ModelError) as e:
+        import_model(path, ImportOptions())
+    msg = str(e.value)
+    assert str(path) in msg and "input 'x'" in msg and all(w in msg for w in words), msg
+
+
+def _baked(tmp_path, batch="fixed"):
+    """x[2, 8] -> Reshape to a baked [2, 2, 4] -> y: only the exported shape fits."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [3], [2, 2, 4])
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="baked")
+    x = _vi("x", [2 if batch == "fixed" else "N", 8])
+    path = tmp_path / "baked.onnx"
+    onnx.save(_model([node], [x], [_vi("y", [2, 2, 4])], inits=[shape]), path)
+    return path
+
+
+@pytest.mark.parametrize("options, culprit", [
+    (ImportOptions(input_shapes={"x": (4, 8)}), "--input x=4,8 changes input 'x' from its exported [2, 8] to [4, 8]"),
+    (ImportOptions(batch_size=4), "--batch-size 4 changes input 'x' from its exported [2, 8] to [4, 8]"),
+])
+def test_a_shape_that_breaks_a_baked_reshape_blames_the_option(tmp_path, options, culprit):
+    path = _baked(tmp_path)
+    with pytest.raises(ModelError) as e:
+        import_model(path, options)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: {culprit}, which shapes baked into the model do not follow"), msg
+    assert "node 'baked' (Reshape)" in msg and "\n" not in msg
+    assert import_model(path, ImportOptions(input_shapes={"x": (2, 8)})).inputs["x"].dims == (2, 8)
+
+
+def test_a_symbolic_batch_set_by_the_user_is_not_blamed(tmp_path):
+    """Only an exported concrete dim the user changed is blamed; a symbolic one is theirs to set."""
+    path = _baked(tmp_path, batch="symbolic")
+    with pytest.raises(ModelError) as e:
+        import_model(path, ImportOptions(batch_size=4))
+    assert "changes input" not in str(e.value) and "node 'baked' (Reshape)" in str(e.value)
+
+
+def test_the_opset_read_is_recorded_and_shown(tmp_path):
+    path = tmp_path / "old.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2, 3])], [_vi("y", [2, 3])], opset=9),
+              path)
+    assert import_model(path, ImportOptions()).opset == 9
+    r = CliRunner().invoke(cli, ["optimize", str(path), "--cluster", "local-cpu", "--out", str(tmp_path / "p.json"),
+                                 "--max-candidates", "2"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0].startswith(f"model    {path}  (opset 9; ")

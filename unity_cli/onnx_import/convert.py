@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import onnx
 import onnx.inliner  # a submodule: "import onnx" alone does not load it
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import ModelError, UnityError, UnsupportedOpError
+from ..errors import ModelError, ShapeError, UnityError, UnsupportedOpError
 from ..ir import PCG, DType, GraphBuilder, TensorRef, TensorShape
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import spec_for_onnx
@@ -69,6 +69,8 @@ class ImportedModel:
     weight_values: dict[str, np.ndarray] = field(default_factory=dict)
     """Trainable weights made at import by ``MAKERS`` (a light model's ConstantOfShape
     kernels): their initial values, possibly read-only broadcast views."""
+    opset: int = 0
+    """The default-domain opset its ops are read at (each op's meaning at that version)."""
 
 
 def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions()) -> ImportedModel:
@@ -94,13 +96,22 @@ def _import(importer: _Importer, p: Path) -> ImportedModel:
         return importer.run()
     except UnityError as e:
         msg = str(e)
-        if not msg.startswith(str(p)):
-            msg = f"{p}: {msg}"
-        if importer.fixed_batch:
-            name, fixed = importer.fixed_batch[0]
-            msg += (f" (input {name!r} was exported with a fixed batch of {fixed}, which --batch-size changed; "
-                    "shapes baked into the model may not follow)")
-        raise type(e)(msg) if isinstance(e, ModelError) else ModelError(msg) from None
+        if msg.startswith(f"{p}: "):
+            msg = msg[len(f"{p}: "):]
+        if importer.changed:
+            # A shape the user gave that the export did not have: the option is the likely culprit.
+            option, name, declared, used = importer.changed[0]
+            change = f"{option} changes input {name!r} from its exported {_dims(declared)} to {_dims(used)}"
+            if isinstance(e, ShapeError):
+                msg = (f"{change}, which shapes baked into the model do not follow: {msg} (re-export it with "
+                       "dynamic axes, or keep the exported shape)")
+            else:
+                msg += f" ({change}; shapes baked into the model may not follow)"
+        raise type(e)(f"{p}: {msg}") if isinstance(e, ModelError) else ModelError(f"{p}: {msg}") from None
+
+
+def _dims(dims: Sequence) -> str:
+    return "[" + ", ".join(map(str, dims)) + "]"
 
 
 class _Importer:
@@ -127,7 +138,8 @@ class _Importer:
         self.constants: dict[str, np.ndarray] = {}
         self.weights: list[str] = []
         self.folded = 0
-        self.fixed_batch: list[tuple[str, int]] = []   # inputs whose fixed batch --batch-size changed
+        # Inputs whose exported concrete dims --input or --batch-size changed: (option, name, exported, used).
+        self.changed: list[tuple[str, str, tuple, tuple]] = []
         self.used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
 
     # -- inputs ----------------------------------------------------------------
@@ -158,13 +170,21 @@ class _Importer:
                 if tt.HasField("shape") and len(dims) != len(tt.shape.dim):
                     raise ModelError(f"--input {vi.name}: the input has {len(tt.shape.dim)} dims, "
                                      f"got {len(dims)} ({','.join(map(str, dims))})")
+                exported = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                                 for d in tt.shape.dim)
+                if any(isinstance(e, int) and e != g for e, g in zip(exported, dims, strict=True)):
+                    self.changed.append((f"--input {vi.name}={','.join(map(str, dims))}", vi.name, exported, dims))
                 out[vi.name] = TensorShape(dims, dtype)
                 continue
             dims = []
+            rebatched = False
             for k, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value < 1:
+                    what = "0 (an empty tensor)" if d.dim_value == 0 else f"{d.dim_value}, which no tensor has"
+                    raise ModelError(f"input {vi.name!r} dim {k} is {what}; give its shape with "
+                                     f"--input {vi.name}=d0,d1,... (every dim >= 1)")
                 if k == 0 and batch is not None:
-                    if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != batch:
-                        self.fixed_batch.append((vi.name, d.dim_value))
+                    rebatched = d.HasField("dim_value") and d.dim_value != batch
                     dims.append(batch)
                 elif d.HasField("dim_value") and d.dim_value > 0:
                     dims.append(d.dim_value)
@@ -172,9 +192,16 @@ class _Importer:
                     batch, defaulted = DEFAULT_BATCH, True
                     dims.append(batch)
                 else:
-                    label = d.dim_param or "?"
-                    raise ModelError(f"input {vi.name!r} dim {k} is symbolic ({label!r}); "
+                    what = f"symbolic ({d.dim_param!r})" if d.dim_param else "unknown (neither a size nor a name)"
+                    raise ModelError(f"input {vi.name!r} dim {k} is {what}; "
                                      f"give it with --input {vi.name}=d0,d1,...")
+            if dims and rebatched:
+                given = next((i.name for i in graph_inputs if opts.input_shapes.get(i.name)), None)
+                option = f"--batch-size {batch}" if opts.batch_size is not None else \
+                    f"the batch {batch} that --input {given} sets"
+                exported = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                                 for d in tt.shape.dim)
+                self.changed.append((option, vi.name, exported, tuple(dims)))
             out[vi.name] = TensorShape(tuple(dims), dtype)
         if batch is None:
             batch = next((s.dims[0] for s in out.values() if s.rank), 1)
@@ -250,7 +277,7 @@ class _Importer:
         sha256 = self.sha256 or file_sha256(self.path)
         return ImportedModel(pcg, str(self.path), sha256, inputs,
                              [o.name for o in self.model.graph.output], self.constants, self.weights,
-                             batch, defaulted, self.folded, self.weight_values)
+                             batch, defaulted, self.folded, self.weight_values, self.opset)
 
     def _node(self, node: onnx.NodeProto) -> None:
         if node.domain not in ("", "ai.onnx"):

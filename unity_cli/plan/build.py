@@ -34,6 +34,7 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
         "inputs": {k: {"dims": list(v.dims), "dtype": v.dtype.value} for k, v in sorted(model.inputs.items())},
         "outputs": list(model.outputs),
         "batch_size": model.batch_size,
+        "opset": model.opset,
     }
     baselines = {name: {**report_summary(c.report, c.baseline.devices), "description": c.baseline.description}
                  for name, c in sorted(result.candidates.items())}

@@ -59,7 +59,8 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
             operators: int = 8) -> str:
     m = plan.model
     inputs = ", ".join(f"{k}[{','.join(map(str, v['dims']))}]" for k, v in m["inputs"].items())
-    lines = [f"model    {m['path']}  ({inputs})",
+    opset = f"opset {m['opset']}; " if m.get("opset") else ""
+    lines = [f"model    {m['path']}  ({opset}{inputs})",
              f"cluster  {describe_cluster(plan.cluster)}  ({plan.cluster.num_devices} devices), "
              f"{plan.config['dtype']}, {plan.config['optimizer']}"]
     lines += [f"note     {n}" for n in notes]
