@@ -519,9 +519,12 @@ def report(plan_path: str, out_path: str, measured_path: str | None) -> None:
 @click.option("--backend", type=click.Choice(["auto", "numpy", "cupy"]), default="auto", show_default=True,
               help="Arrays and collectives: numpy + MPI, or cupy + NCCL on GPUs (auto: cupy if it sees a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (rank 0) instead of the summary.")
+@click.option("--verbose", is_flag=True, help="Print each rank's pid and host at start (stderr, rank 0): if a "
+              "rank is killed, mpiexec names it only by its pid.")
 @handles_errors
 def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer: str | None, lr: float | None,
-        seed: int, model_path: str | None, check: bool, save_path: str | None, backend: str, as_json: bool) -> None:
+        seed: int, model_path: str | None, check: bool, save_path: str | None, backend: str, as_json: bool,
+        verbose: bool) -> None:
     """Train with PLAN on the ranks of an MPI job: mpiexec -n P unity run plan.json."""
     from .runtime.memory import keep_freed_memory
     from .runtime.threads import share_cores
@@ -537,7 +540,7 @@ def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer:
     debug = click.get_current_context().find_root().params.get("debug", False) or \
         click.get_current_context().params.get("debug", False)
     outcome = run_plan(RunOptions(plan_path, steps, data_path, loss, optimizer, lr, seed, model_path, check,
-                                  save_path, backend, bool(debug)))
+                                  save_path, backend, bool(debug), verbose))
     if outcome.report is not None:
         click.echo(json.dumps(outcome.report.to_json(), sort_keys=True) if as_json else outcome.report.summary())
     if outcome.error:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
 import time
 
 import pytest
-from runtime.mpirun import unity_run
+from runtime.mpirun import MPIEXEC, UNITY, unity_run
 
 from unity_cli.plan.plan import seal
 
@@ -70,6 +74,29 @@ def test_a_rank_failing_mid_step_ends_the_job(plans):
     line = errors(r)[0]
     assert line.startswith("error: rank 1:") and "injected fault in step 1" in line
     assert "Traceback" not in r.stderr
+
+
+def test_a_rank_killed_outright_can_be_named(plans):
+    """kill -9 leaves the rank no word; with --verbose rank 0 has named every rank's pid at
+    start, and mpiexec names the pid that died: together they say which rank. The job
+    still ends within 10 s."""
+    plan = plans.get("convnet_tiny", "data_parallel", 2)
+    proc = subprocess.Popen([str(MPIEXEC), "-n", "2", str(UNITY), "run", str(plan), "--steps", "100000",
+                             "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        pids = {int(r): int(p) for r, p in re.findall(r"(\d+): pid (\d+) on ", first)}
+        assert first.startswith("ranks    ") and sorted(pids) == [0, 1], first
+        time.sleep(1.0)                                   # into training
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert f"PID {pids[1]} " in out + err                 # mpiexec's word for the dead process
 
 
 @pytest.mark.parametrize("env, words", [

@@ -9,6 +9,7 @@ makes rank R fail in the middle of step S's forward pass, to test exactly that.
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import sys
 import time
@@ -46,6 +47,7 @@ class RunOptions:
     save: str | None = None
     backend: str = "auto"
     debug: bool = False
+    verbose: bool = False              # rank 0 names every rank's pid at start (mpiexec names a dead rank by pid)
 
 
 @dataclass
@@ -169,6 +171,7 @@ def run_plan(opts: RunOptions) -> RunOutcome:
     """Train with a plan on this job's ranks (see the module docstring)."""
     world = mpi().COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
+    _name_ranks(world, opts.verbose)
     job, err = None, None
     try:
         job = setup_job(opts, world)
@@ -197,6 +200,18 @@ def run_plan(opts: RunOptions) -> RunOutcome:
         print(f"error: rank {rank}: {msg}", file=sys.stderr, flush=True)
         job.comm.abort(1)
         raise  # not reached: Abort ends the process
+
+
+def _name_ranks(world: Any, verbose: bool) -> None:
+    """Under ``--verbose``, rank 0 prints each rank's pid and host before any work: a rank
+    killed outright (``kill -9``, the OOM killer) cannot say so itself, and mpiexec then
+    reports only the pid of the process that died."""
+    if not verbose:
+        return
+    where = world.allgather((os.getpid(), socket.gethostname()))
+    if world.Get_rank() == 0:
+        ranks = ", ".join(f"{r}: pid {pid} on {host}" for r, (pid, host) in enumerate(where))
+        print(f"ranks    {ranks}", file=sys.stderr, flush=True)
 
 
 def _line(e: BaseException) -> str:
