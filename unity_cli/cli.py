@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -194,6 +195,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
              rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
              report_path: str | None = None) -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
+    started = time.monotonic()     # --budget counts from here: loading and importing are part of the run
     from .cluster import cluster_path as find_cluster
     from .cluster import load_cluster, local_cluster
     from .cost.model import CostConfig, Optimizer
@@ -235,7 +237,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
 
     try:
         result = run_search(imported.pcg, cluster, config, strategy, rules.rules, budget, alpha, report,
-                            max_candidates)
+                            max_candidates, started)
     finally:
         progress.close()
     # Every rule the plan applies is proved again before the plan is written.
@@ -249,8 +251,9 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         write_report(plan, report_path)
     notes = [profile_note] if profile_note else []
     if result.cut_by_budget:
-        notes.append(f"--budget {budget:g} s cut the search short: the plan may differ on a faster machine "
-                     "(--max-candidates gives the same plan on every machine)")
+        left_out = f"; left out: {', '.join(result.not_priced)}" if result.not_priced else ""
+        notes.append(f"--budget {budget:g} s cut the search short{left_out}: the plan may differ on a faster "
+                     "machine (--max-candidates gives the same plan on every machine)")
     if imported.batch_defaulted:
         notes.append(f"the model's batch dim is symbolic; planned for batch {DEFAULT_BATCH} (set --batch-size)")
     if as_json:

@@ -47,7 +47,11 @@ def test_a_budget_is_a_ceiling_and_says_when_it_cut(tmp_path, tiny_models, clust
     cut = [line for line in p.stdout.splitlines() if "--budget 0.01 s cut the search" in line]
     assert len(cut) == 1, p.stdout
     search = json.loads(out.read_text())["search"]
-    assert search["cut_by_budget"] is True and search["candidates"] < 50
+    assert search["cut_by_budget"] is True and search.get("candidates", 0) < 50
+    # Every row the ceiling left no time for is named, in the summary and in the plan.
+    assert set(search["not_priced"]) <= {"tensor_parallel", "hybrid", "unity", "parallel_only",
+                                         "algebraic_then_parallel"} and search["not_priced"]
+    assert f"left out: {', '.join(search['not_priced'])}" in cut[0]
 
 
 def test_max_candidates_wins_over_the_budget(tiny_models, cluster_dir, rules):

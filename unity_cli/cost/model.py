@@ -20,6 +20,7 @@ from enum import Enum
 from ..cluster.machine_view import MachineView
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes
+from ..deadline import check
 from ..ir.dtypes import DType
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
@@ -211,7 +212,11 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     ctx = CostContext.of(pcg, cluster, config)
     layout = ctx.layout
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
-    priced = [node_cost_and_moves(ctx, i, views) for i in range(len(pcg))]
+    priced = []
+    for i in range(len(pcg)):
+        if i % 256 == 0:
+            check()    # under optimize --budget: a graph of 20,000 nodes takes seconds to price
+        priced.append(node_cost_and_moves(ctx, i, views))
     costs = [c for c, _ in priced]
     sent = sent_per_device((m for _, ms in priced for m in ms), cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]

@@ -40,6 +40,8 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
                  for name, c in sorted(result.candidates.items())}
     search = dict(search or {})
     search["cut_by_budget"] = result.cut_by_budget   # only then may the plan depend on the machine's speed
+    if result.not_priced:
+        search["not_priced"] = list(result.not_priced)  # rows the time ceiling left out
     if result.stats is not None:  # only what does not depend on the machine's speed
         search.update(candidates=result.stats.candidates, expanded=result.stats.expanded,
                       rules_applied=result.stats.rules_applied,

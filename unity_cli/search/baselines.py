@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import layout_sources
+from ..deadline import check
 from ..errors import ShapeError, UsageError
 from ..ir.ops.conv import ConvAttrs
 from ..ir.ops.gather_reduce import GatherAttrs
@@ -275,6 +276,8 @@ def propagate(pcg: PCG, pieces: int, batch_split: int, candidates: Policy) -> PC
         return resharded[key]
 
     for i, n in pcg:
+        if i % 256 == 0:
+            check()
         if n.spec.is_source:
             ref = b.add(n.op, (), n.name, outputs=n.outputs)[0]  # a segment's boundary input comes laid out
             if isinstance(n.op, InputAttrs) and n.op.shape.rank and batch_split > 1 and \

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..cluster.machine_view import MachineView
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate
+from ..deadline import OutOfTime, check
 from ..ir.pcg import PCG
 from ..ir.simplify import simplify
 from ..substitutions.equivalence import search_rules
@@ -107,6 +108,7 @@ class JointSearch:
         heap: list = []
         best: Found | None = None
         for name, g, path in starts:
+            check()
             g = simplify(g)
             if g.unordered_hash in seen:
                 continue
@@ -118,7 +120,8 @@ class JointSearch:
             heapq.heappush(heap, (_key(rep), g.unordered_hash, f))
         assert best is not None
         self._improved_at = self.stats.candidates
-        while heap and time.monotonic() < deadline and not self._full() and not self._stale():
+        cut = False
+        while heap and time.monotonic() < deadline and not self._full() and not self._stale() and not cut:
             _, _, cur = heapq.heappop(heap)
             if cur.report.step_time > self.alpha * best.report.step_time:
                 continue
@@ -128,7 +131,11 @@ class JointSearch:
                 if h in seen:
                     continue
                 seen.add(h)
-                views, rep = self.cost(new.pcg)
+                try:
+                    views, rep = self.cost(new.pcg)
+                except OutOfTime:    # the run's ceiling (optimize --budget) passed while pricing
+                    cut = True
+                    break
                 self.stats.candidates += 1
                 f = Found(new.pcg, views, rep, cur.start, new.path)
                 if _faster(rep, best.report):
@@ -142,7 +149,7 @@ class JointSearch:
                     break
         self.stats.capped = self._full()
         self.stats.converged = not self.stats.capped and self._stale()
-        self.stats.timed_out = bool(heap) and time.monotonic() >= deadline and not self.stats.capped \
+        self.stats.timed_out = cut or bool(heap) and time.monotonic() >= deadline and not self.stats.capped \
             and not self.stats.converged
         self.stats.seconds = time.monotonic() - t0
         return best

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from ..cluster.machine_view import MachineView, devices_used
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate, layout_sources, memory_per_device
+from ..deadline import OutOfTime, ceiling, check
 from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.pcg import PCG
 from ..ir.validate import validate
@@ -57,7 +58,12 @@ class SearchResult:
     stats: SearchStats | None = None
     hybrids: tuple[Candidate, ...] = ()   # every uniform hybrid the run priced, tp ascending
     cut_by_budget: bool = False           # the time ceiling (--budget) stopped some search or mapping
+    not_priced: tuple[str, ...] = ()      # rows the time ceiling left out (the solver: "solver")
 
+
+FINISH_FACTOR = 2.0
+"""Under a time ceiling, the time kept for writing the plan and its summary, in units of
+the time pricing the first baseline took (both walk the whole graph a few times)."""
 
 MAPPING_SECONDS = 2.0
 """Under a time ceiling (``--budget``), the most the machine-mapping DP may take per strategy
@@ -69,22 +75,32 @@ A count, not seconds, so the same inputs give the same plan on any machine under
 
 
 def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
-             seconds: float | None = None, cache: dict | None = None) -> Candidate:
-    """Cost a strategy under the default views and under the machine-mapping DP's (given at
-    most ``seconds``; None: bounded by its state budget only); keep the faster. ``cache``
-    keeps one run's mappings by graph: the searches often return a graph a baseline is."""
+             seconds: float | None = None, cache: dict | None = None,
+             priced: tuple[tuple[MachineView, ...], CostReport] | None = None) -> Candidate:
+    """Cost a strategy under the default views (``priced``: already done) and under the
+    machine-mapping DP's (given at most ``seconds``; None: bounded by its state budget
+    only); keep the faster. ``cache`` keeps one run's mappings by graph: the searches often
+    return a graph a baseline is. When a time ceiling (``deadline.ceiling``) passes during
+    the mapping, the default views' price stands."""
+    check()    # not even started when the ceiling has passed
     validate(baseline.pcg)
-    best = None
     cache = {} if cache is None else cache
+    if priced is None:
+        views = default_views(baseline.pcg)
+        priced = (views, estimate(baseline.pcg, views, cluster, config))
+    best = Candidate(baseline, *priced)
     key = baseline.pcg.node_hashes  # views are by node position: equal graphs in another order differ
-    if key not in cache:
-        cache[key] = _map(baseline.pcg, cluster, config, seconds)
-    mapped, _ = cache[key]
-    options = [default_views(baseline.pcg)] + ([mapped[1]] if mapped else [])
-    for views in options:
-        report = estimate(baseline.pcg, views, cluster, config)
-        if best is None or _better(report, best.report):
-            best = Candidate(baseline, views, report)
+    try:
+        check()
+        if key not in cache:
+            cache[key] = _map(baseline.pcg, cluster, config, seconds)
+        mapped, _ = cache[key]
+        if mapped:
+            report = estimate(baseline.pcg, mapped[1], cluster, config)
+            if _better(report, best.report):
+                best = Candidate(baseline, mapped[1], report)
+    except OutOfTime:
+        cache.setdefault(key, (None, True))
     return best
 
 
@@ -129,10 +145,10 @@ class _Evaluator:
             self.solved[key] = None if sol is None else sol.pcg
         return self.solved[key]
 
-    def __call__(self, baseline: Baseline) -> Candidate:
+    def __call__(self, baseline: Baseline, priced: tuple | None = None) -> Candidate:
         seconds = None if self.deadline is None else \
             min(MAPPING_SECONDS, 0.1 * self.budget, max(0.05, self.deadline - time.monotonic()))
-        return evaluate(baseline, self.cluster, self.config, seconds, self.cache)
+        return evaluate(baseline, self.cluster, self.config, seconds, self.cache, priced)
 
 
 def price_hybrid(baseline: Baseline, cluster: ClusterSpec, config: CostConfig) -> Candidate:
@@ -305,12 +321,16 @@ def _better(a: CostReport, b: CostReport) -> bool:
 
 def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str = "best",
              rules: Sequence[Rule] = (), budget: float | None = None, alpha: float = 1.05,
-             progress: Callable | None = None, max_candidates: int | None = None) -> SearchResult:
+             progress: Callable | None = None, max_candidates: int | None = None,
+             started: float | None = None, reserve: float = 0.0) -> SearchResult:
     """The chosen plan and every row priced beside it. The searches stop by a count of work
     (``max_candidates``, default :data:`DEFAULT_CANDIDATES`); ``budget`` is an optional time
-    ceiling in seconds over the whole run, which a given ``max_candidates`` overrides (so a
-    capped plan never depends on the machine's speed). ``SearchResult.stats.timed_out``
-    says whether the ceiling cut anything."""
+    ceiling in seconds over the whole run, from ``started`` (``time.monotonic()``; default:
+    now) and leaving ``reserve`` seconds to write the plan. A given ``max_candidates``
+    overrides it (so a capped plan never depends on the machine's speed). Under the ceiling
+    the first baseline is always priced (under its default views); what the ceiling leaves
+    no time for (a mapping, another baseline, the solver, a search) is left out, and
+    ``SearchResult.not_priced`` names the rows that are missing for it."""
     named = _named_hybrid(strategy, pcg, cluster) if is_hybrid(strategy) else None
     if named is None and strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)}, "
@@ -318,57 +338,99 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     if max_candidates is not None:
         budget = None
     work = DEFAULT_CANDIDATES if max_candidates is None else max_candidates
-    deadline = None if budget is None else time.monotonic() + budget  # the whole run, baselines included
+    t0 = time.monotonic() if started is None else started
+    # The plan of last resort (the first baseline under its default views) and a baseline
+    # asked for by name are priced whatever the ceiling; the rest only while it lasts.
+    first = [name for k, name in enumerate(STRATEGIES) if k == 0 or name == strategy]
+    must, pricing = {}, 0.0
+    for name in first:
+        b = STRATEGIES[name](pcg, cluster)
+        views = default_views(b.pcg)
+        t1 = time.monotonic()
+        must[name] = (b, (views, estimate(b.pcg, views, cluster, config)))
+        pricing = max(pricing, time.monotonic() - t1)
+    # Writing the plan and its summary costs about what pricing a plan does: keep that much.
+    reserve = max(reserve, FINISH_FACTOR * pricing)
+    deadline = None if budget is None else t0 + max(0.0, budget - reserve)   # the whole run, import included
     ev = _Evaluator(cluster, config, budget, deadline)
-    candidates = {name: ev(fn(pcg, cluster)) for name, fn in STRATEGIES.items()}
-    hybrids: tuple[Candidate, ...] = ()
-    if strategy not in STRATEGIES:  # the searches start from it; a named hybrid is shown beside it
-        candidates[HYBRID], hybrids = best_hybrid(pcg, cluster, config)
-    if named is not None:
-        strategy = named.name
-        candidates[strategy] = price_hybrid(named, cluster, config)
-    if strategy in SEARCHES or strategy == "best":
-        # The joint search reports the two search baselines too, each with a share of the work.
-        joint = strategy in ("best", "unity")
-        runs = SEARCHES if joint else (strategy,)
-        shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if joint \
-            else {strategy: 1.0}
-        found_by = {}
-        for k, name in enumerate(runs):
-            cap = max(1, int(work * shares[name]))
-            share = None
-            if deadline is not None:
-                # Keep time to map each search's result; a search that ends early leaves its time to the next.
-                reserve = min(len(runs) * MAPPING_SECONDS, 0.2 * budget)
-                left = deadline - reserve - time.monotonic()
-                share = max(0.05 * budget * shares[name], left * shares[name] / sum(shares[r] for r in runs[k:]))
-            found, stats = _SEARCH[name](pcg, cluster, config, rules, share, alpha, progress, candidates, cap, ev)
-            cand = ev(Baseline(name, found.pcg, devices_used(found.pcg, found.views), f"search from {found.start}"))
-            if name in _FROM_BASELINES:
-                # The search compares graphs under default views; mapped by the DP, a baseline it
-                # started from can still come out faster. A search never returns less than its starts.
-                start = min((candidates[b] for b in BASELINES if b in candidates),
-                            key=lambda c: (not c.report.feasible, c.report.step_time))
-                if _better(start.report, cand.report):
-                    cand = Candidate(replace(start.baseline, name=name,
-                                             description=f"search kept {start.baseline.name}"),
-                                     start.views, start.report)
-                    found = Found(start.baseline.pcg, start.views, start.report, start.baseline.name)
-            candidates[name] = cand
-            found_by[name] = (found, stats)
-        name = _fastest(candidates) if strategy == "best" else strategy
-        chosen = candidates[name]
-        if not chosen.report.feasible:
-            least = min(candidates.values(), key=lambda c: max(c.report.memory))
-            raise InfeasibleError(f"no plan fits in device memory: the smallest found ({least.baseline.name}) "
-                                  f"{least.report.infeasible}")
-        found, stats = found_by.get(name, found_by[runs[0]])
-        cut = ev.cut or any(st.timed_out for _, st in found_by.values())
-        return SearchResult(chosen, candidates, found.path if name in found_by else (), stats, hybrids, cut)
-    chosen = candidates[strategy]
+    candidates: dict[str, Candidate] = {}
+    missing: list[str] = []
+    with ceiling(deadline):
+        for name, fn in STRATEGIES.items():
+            try:
+                candidates[name] = ev(*must[name]) if name in must else ev(fn(pcg, cluster))
+            except OutOfTime:
+                if name in must:
+                    candidates[name] = Candidate(must[name][0], *must[name][1])
+                else:
+                    missing.append(name)
+        hybrids: tuple[Candidate, ...] = ()
+        if strategy not in STRATEGIES:  # the searches start from it; a named hybrid is shown beside it
+            try:
+                candidates[HYBRID], hybrids = best_hybrid(pcg, cluster, config)
+            except OutOfTime:
+                missing.append(HYBRID)
+        if named is not None:
+            strategy = named.name
+            with ceiling(None):     # asked for by name: always priced
+                candidates[strategy] = price_hybrid(named, cluster, config)
+        if strategy in SEARCHES or strategy == "best":
+            return _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work, deadline, ev,
+                           candidates, hybrids, missing)
+    chosen = candidates[strategy] if strategy in candidates else candidates[_fastest(candidates)]
     if not chosen.report.feasible:
         raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}")
-    return SearchResult(chosen, candidates, hybrids=hybrids, cut_by_budget=ev.cut)
+    return SearchResult(chosen, candidates, hybrids=hybrids, cut_by_budget=ev.cut or bool(missing),
+                        not_priced=tuple(missing))
+
+
+def _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work, deadline, ev, candidates,
+            hybrids, missing) -> SearchResult:
+    """The searches of ``optimize`` (``best``: all three, each with a share of the work)."""
+    # The joint search reports the two search baselines too, each with a share of the work.
+    joint = strategy in ("best", "unity")
+    runs = SEARCHES if joint else (strategy,)
+    shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if joint \
+        else {strategy: 1.0}
+    found_by = {}
+    for k, name in enumerate(runs):
+        cap = max(1, int(work * shares[name]))
+        share = None
+        if deadline is not None:
+            # Keep time to map each search's result; a search that ends early leaves its time to the next.
+            reserve = min(len(runs) * MAPPING_SECONDS, 0.2 * budget)
+            left = deadline - reserve - time.monotonic()
+            share = max(0.05 * budget * shares[name], left * shares[name] / sum(shares[r] for r in runs[k:]))
+        try:
+            check()
+            found, stats = _SEARCH[name](pcg, cluster, config, rules, share, alpha, progress, candidates, cap, ev)
+        except OutOfTime:
+            missing.append(name)
+            continue
+        cand = ev(Baseline(name, found.pcg, devices_used(found.pcg, found.views), f"search from {found.start}"),
+                  (found.views, found.report))
+        if name in _FROM_BASELINES:
+            # The search compares graphs under default views; mapped by the DP, a baseline it
+            # started from can still come out faster. A search never returns less than its starts.
+            start = min((candidates[b] for b in BASELINES if b in candidates),
+                        key=lambda c: (not c.report.feasible, c.report.step_time))
+            if _better(start.report, cand.report):
+                cand = Candidate(replace(start.baseline, name=name,
+                                         description=f"search kept {start.baseline.name}"),
+                                 start.views, start.report)
+                found = Found(start.baseline.pcg, start.views, start.report, start.baseline.name)
+        candidates[name] = cand
+        found_by[name] = (found, stats)
+    name = _fastest(candidates) if strategy == "best" or strategy not in candidates else strategy
+    chosen = candidates[name]
+    if not chosen.report.feasible:
+        least = min(candidates.values(), key=lambda c: max(c.report.memory))
+        raise InfeasibleError(f"no plan fits in device memory: the smallest found ({least.baseline.name}) "
+                              f"{least.report.infeasible}")
+    found, stats = found_by.get(name) or next(iter(found_by.values()), (None, None))
+    cut = ev.cut or bool(missing) or any(st.timed_out for _, st in found_by.values())
+    return SearchResult(chosen, candidates, found.path if name in found_by else (), stats, hybrids, cut,
+                        tuple(missing))
 
 
 def _named_hybrid(strategy: str, pcg: PCG, cluster: ClusterSpec) -> Baseline:

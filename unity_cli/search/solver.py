@@ -48,6 +48,7 @@ import numpy as np
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost, update_seconds
 from ..cost.schedule import needs_grad
+from ..deadline import check
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
@@ -294,6 +295,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     grads = needs_grad(pcg, pcg.outputs[0])
     keys = {}
     for i in nodes:
+        check()
         options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, mesh, i in returned)
         keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned)
     edges = []
@@ -303,6 +305,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
             u = r.node
             if u not in options:
                 continue
+            check()
             table = tables.edge((keys[u], mesh), keys[v], r.index, k, r in grads, options[u], options[v])
             edges.append((u, v, table))
     caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]

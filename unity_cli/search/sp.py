@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..deadline import check
 from ..ir.pcg import PCG
 
 
@@ -55,6 +56,7 @@ def decompose(pcg: PCG, nodes: Iterable[int] | None = None) -> SP:
 def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]]) -> SP:
     if len(nodes) == 1:
         return Leaf(nodes[0])
+    check()
     pos = {v: k for k, v in enumerate(nodes)}
     preds = [[pos[p] for p in all_preds[v] if p in pos] for v in nodes]
     comps = _components(nodes, {v: {nodes[p] for p in preds[k]} for k, v in enumerate(nodes)})
@@ -77,8 +79,17 @@ def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]]) -> SP:
     for k in range(n - 1, -1, -1):
         for s_ in succs[k]:
             desc[k] |= desc[s_] | (1 << s_)
-    # A bottleneck: comparable with every node (its ancestors and descendants are all others).
-    cuts = [k for k in range(n) if anc[k].bit_count() + desc[k].bit_count() == n - 1]
+    # A bottleneck: comparable with every node (its ancestors and descendants are all others),
+    # not counting roots but the first (nodes without predecessors here: a weight's layout
+    # beside a chain). A root read before the cut is its ancestor, so it goes first; one read
+    # only after goes second: the second part never feeds the first.
+    roots = [k for k in range(n) if not preds[k]]
+    inner = (1 << n) - 1
+    for k in roots[1:] if len(roots) < n else ():
+        inner &= ~(1 << k)
+    m = inner.bit_count()
+    cuts = [k for k in range(n) if inner >> k & 1 and (anc[k] & inner).bit_count() + (desc[k] & inner).bit_count()
+            == m - 1]
     # Cut nearest the middle, so long chains give a balanced (shallow) tree.
     cuts.sort(key=lambda k: (abs(anc[k].bit_count() + 1 - n / 2), k))
     for c in cuts:
