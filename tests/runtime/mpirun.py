@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from click.testing import CliRunner
+from models.catalog import EXPORTED_DIR
 from onnx import TensorProto, helper, numpy_helper
 
 from unity_cli.cli import cli
@@ -58,7 +59,8 @@ class Plans:
         if name == "rewrite":
             path = self.root / "rewrite.onnx"
             return path if path.exists() else rewrite_model(path)
-        return self.models / f"{name}.onnx"
+        path = self.models / f"{name}.onnx"
+        return path if path.exists() else EXPORTED_DIR / f"{name}.onnx"   # the real torch exports
 
     def get(self, name: str, strategy: str, devices: int = 2, batch: int = 4) -> Path:
         key = (name, strategy, devices, batch)

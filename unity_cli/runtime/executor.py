@@ -100,6 +100,10 @@ class Executor:
 
     # -- planning ------------------------------------------------------------------
 
+    def reload(self) -> None:
+        """Cut the resident pieces again from the masters (after ``params.load``)."""
+        self._resident = self.params.residents()
+
     def _plan_step(self, k: int, step: Step) -> _Mine:
         return plan_step(self.p, self.me, k, step)
 
@@ -111,9 +115,11 @@ class Executor:
 
     # -- a step ----------------------------------------------------------------------
 
-    def step(self, inputs: Mapping[str, Any], target: Any, fault: str | None = None) -> float:
+    def step(self, inputs: Mapping[str, Any], target: Any, fault: str | None = None, apply: bool = True) -> float:
         """One training step on this rank's pieces; returns the (global) loss. With ``fault``
-        the rank fails with that message halfway through the forward pass (for tests)."""
+        the rank fails with that message halfway through the forward pass (for tests).
+        Without ``apply`` the weights stay as they were and the resident pieces' gradients
+        are left in ``pending``."""
         self._inputs = inputs
         self._fed = {}
         self.values: dict[TensorRef, Any] = dict(self._resident)
@@ -141,8 +147,11 @@ class Executor:
         self.values = {}
         if clock:
             clock.lap("bwd_compute", "bwd_comm")
-        self.params.update(self.grads)
-        self._resident = self.params.residents()
+        if apply:
+            self.params.update(self.grads)
+            self._resident = self.params.residents()
+        else:
+            self.pending = self.grads    # --check's one-process run: the gradients, weights untouched
         self.grads = {}
         if clock:
             clock.lap("optimizer", "grad_sync")

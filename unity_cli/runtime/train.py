@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -294,16 +295,46 @@ def _fault_step(rank: int, ranks: int, steps: int) -> int | None:
     return int(s) if int(r) == rank else None
 
 
+GRAD_FAULT = 1.01
+"""``UNITY_FAULT_GRAD_RANK=r``: rank ``r`` scales its gradient pieces by this before the sync
+(a 1 % error in one rank's share, which ``--check`` must catch)."""
+
+
+def _grad_fault(rank: int, ranks: int) -> bool:
+    r = os.environ.get("UNITY_FAULT_GRAD_RANK", "").strip()
+    if not r:
+        return False
+    if not r.isdigit() or int(r) >= ranks:
+        raise UsageError(f"UNITY_FAULT_GRAD_RANK={r!r}: not a rank of this job (ranks 0 to {ranks - 1})")
+    return int(r) == rank
+
+
+def _holder(program: Any) -> Callable[[str, tuple[int, ...]], int | None]:
+    """The first rank whose master region of a weight holds an element (for --check's message)."""
+    plans = {p.name: p for p in program.params}
+
+    def holder(name: str, at: tuple[int, ...]) -> int | None:
+        p = plans.get(name)
+        if p is None or not at:
+            return None
+        return next((r for r in sorted(p.master)
+                     if all(s.start <= i < s.stop for s, i in zip(p.master[r], at, strict=True))), None)
+    return holder
+
+
 def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     comm, xp = job.comm, job.xp
     rank = comm.rank
     fault = _fault_step(rank, comm.size, opts.steps)
+    if _grad_fault(rank, comm.size):
+        job.params.fault_scale = GRAD_FAULT
     reference = None
     check = None
     if opts.check:
         from .check import CheckResult, Reference  # noqa: PLC0415
 
         check = CheckResult()
+        job.params.keep_synced = True
         if rank == 0:
             reference = Reference(job.imported.pcg, job.backend, xp, job.weights.trainable, job.weights.constants,
                                   job.loss, job.optimizer)
@@ -312,6 +343,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     for s in range(opts.steps):
         batch = job.data.batch(s)
         target = xp.asarray(batch.labels)
+        before = job.params.gather(0) if opts.check else {}    # every rank takes part; rank 0 gets them
         comm.barrier()
         t0 = time.perf_counter()
         why = f"injected fault in step {s} (UNITY_FAULT_RANK={rank})" if fault == s else None
@@ -321,10 +353,11 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
         clock.stop(times[-1])
         losses.append(loss)
         if opts.check:
-            weights = job.params.gather(0)
+            grads, after = job.params.gather(0, "grads"), job.params.gather(0)
             if reference is not None and check is not None:
-                ref_loss = reference.step(batch.inputs, target)
-                check.compare(s, loss, ref_loss, weights, reference.weights())
+                ref_loss, ref_grads = reference.gradients(before, batch.inputs, target)
+                check.compare(s, loss, ref_loss, grads, ref_grads, after, reference.updated(before, grads),
+                              job.optimizer.lr, _holder(job.params.program))
     job.executor.clock = None
     all_times = comm.allgather_obj(times)
     phases = mean_over_ranks(comm.allgather_obj(clock.medians_ms()))

@@ -45,6 +45,9 @@ class ParamStore:
             members = [p for p in self.plans if p.group[me] == g]
             if members and len(g) > 1:
                 self.buckets.append((g, members))
+        self.keep_synced = False      # --check: keep each step's synced gradients (memory: one more copy)
+        self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
+        self.synced: dict[str, Any] = {}
 
     def residents(self) -> dict[TensorRef, Any]:
         """This rank's resident pieces, cut from its masters."""
@@ -60,7 +63,18 @@ class ParamStore:
         return out
 
     def update(self, grads: Mapping[TensorRef, Any]) -> None:
-        """Gradient sync and one optimizer step; ``grads`` holds the resident pieces' gradients."""
+        """Gradient sync and one optimizer step; ``grads`` holds the resident pieces' gradients.
+        The synced gradient of each master region stays in ``synced`` until the next step
+        (``--check`` compares it)."""
+        synced = self.sync(grads)
+        self.synced = synced if self.keep_synced else {}
+        self.optimizer.begin_step()
+        for p in self.plans:
+            self.optimizer.update(p.name, self.master[p.name], synced[p.name])
+
+    def sync(self, grads: Mapping[TensorRef, Any]) -> dict[str, Any]:
+        """Each master region's gradient: this rank's resident pieces' gradients added up,
+        then all-reduced with the ranks that keep the same region (one flat buffer per group)."""
         me = self.comm.rank
         full: dict[str, Any] = {}
         for p in self.plans:
@@ -72,6 +86,7 @@ class ParamStore:
                     continue
                 if g is None:
                     g = self.xp.zeros_like(m)
+                scale *= self.fault_scale
                 g[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
             full[p.name] = g if g is not None else self.xp.zeros_like(m)
         for group, members in self.buckets:
@@ -82,13 +97,20 @@ class ParamStore:
                 g = full[p.name]
                 full[p.name] = flat[at:at + g.size].reshape(g.shape)
                 at += g.size
-        self.optimizer.begin_step()
-        for p in self.plans:
-            self.optimizer.update(p.name, self.master[p.name], full[p.name])
+        return full
 
-    def gather(self, root: int = 0) -> dict[str, np.ndarray]:
-        """Every trainable weight, whole, on ``root`` (empty elsewhere); all ranks call it."""
+    def load(self, whole: Mapping[str, np.ndarray]) -> None:
+        """Set this rank's masters from whole weights (by name; the others keep theirs)."""
         me = self.comm.rank
+        for p in self.plans:
+            if p.name in whole:
+                self.master[p.name][...] = self.xp.asarray(np.asarray(whole[p.name])[p.master[me]])
+
+    def gather(self, root: int = 0, what: str = "weights") -> dict[str, np.ndarray]:
+        """Every trainable weight (``what="grads"``: its last synced gradient), whole, on
+        ``root`` (empty elsewhere); all ranks call it (``keep_synced`` for the gradients)."""
+        me = self.comm.rank
+        source = self.master if what == "weights" else self.synced
         out: dict[str, np.ndarray] = {}
         for p in self.program.params:
             holders: dict[tuple, int] = {}
@@ -102,9 +124,9 @@ class ParamStore:
                 region = tuple(slice(a, b) for a, b in key)
                 shape = tuple(b - a for a, b in key)
                 if rank == me == root:
-                    out[p.name][region] = to_host(self.master[p.name])
+                    out[p.name][region] = to_host(source[p.name])
                 elif rank == me:
-                    self.comm.send_array(np.ascontiguousarray(to_host(self.master[p.name])), root, 11)
+                    self.comm.send_array(np.ascontiguousarray(to_host(source[p.name])), root, 11)
                 elif me == root:
                     buf = np.empty(shape, dtype=out[p.name].dtype)
                     self.comm.recv_array(buf, rank, 11)
