@@ -31,7 +31,7 @@ def _rule(src: list[dict], dst: list[dict], inputs=("a", "b", "c"), constraints=
 def test_a_rule_that_only_commutes_is_dropped_both_ways():
     commute = _rule([_add("a", "b", "t")], [_add("b", "a", "t")], inputs=("a", "b"))
     sub = _rule([_add("a", "b", "t", "Sub")], [_add("b", "a", "t", "Sub")], inputs=("a", "b"))
-    kept = search_rules([(commute, False), (commute.reversed(), True), (sub, False)])
+    kept = search_rules([(commute, False), (commute, True), (sub, False)])
     assert kept == [(sub, False)]   # Sub does not commute: its swap is a different graph
 
 

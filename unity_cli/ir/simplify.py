@@ -69,12 +69,24 @@ def fuse(first: Any, second: Any) -> Any | None:
 
 def simplify(pcg: PCG) -> PCG:
     """Fuse chains of parallel ops and drop degree-1 ones and dead nodes, to a fixed point."""
-    while True:
-        new, changed = _pass(pcg)
-        new = prune(new)
-        if not changed:
-            return new
-        pcg = new
+    while _changes(pcg):
+        pcg = prune(_pass(pcg)[0])
+    return prune(pcg)
+
+
+def _changes(pcg: PCG) -> bool:
+    """Whether :func:`_pass` would change ``pcg`` (a scan, not a rebuild): some parallel op
+    has degree 1, or fuses with the parallel op before it that only it reads."""
+    for _, n in pcg:
+        if not n.spec.is_parallel_op:
+            continue
+        if n.op.degree == 1:
+            return True
+        prev_old = n.inputs[0].node
+        prev = pcg.nodes[prev_old]
+        if prev.spec.is_parallel_op and len(pcg.consumers[prev_old]) == 1 and fuse(prev.op, n.op) is not None:
+            return True
+    return False
 
 
 def _pass(pcg: PCG) -> tuple[PCG, bool]:

@@ -92,7 +92,8 @@ class JointSearch:
             n = self.cluster.num_devices
             self.degrees = tuple(d for d in range(2, n + 1) if n % d == 0)
         # Both directions, less those that only give graphs another gives (same hash).
-        self._rules = search_rules([(r, False) for r in self.rules] + [(r.reversed(), True) for r in self.rules])
+        kept = search_rules([(r, False) for r in self.rules] + [(r, True) for r in self.rules])
+        self._rules = [(r.reversed() if reverse else r, reverse) for r, reverse in kept]
         # The op kinds each source pattern needs: a rule whose kinds a graph lacks cannot match.
         self._kinds = [frozenset(n.kind for n in r.src.nodes) for r, _ in self._rules]
 

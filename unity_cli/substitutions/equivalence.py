@@ -22,10 +22,11 @@ def search_rules(rules: Iterable[tuple[Rule, bool]]) -> list[tuple[Rule, bool]]:
     ones that never rewrite a graph into one the search has not seen: a rule whose sides
     are equal up to commutative input order, and a rule equivalent to an earlier one (the
     same source pattern up to names, the same constraints, a target equal up to that
-    order). The first of equivalent rules stays, so the kept rules find the same graphs."""
+    order). The first of equivalent rules stays, so the kept rules find the same graphs.
+    Pass each rule as it is, with ``True`` for its reverse: the answer is cached by rule."""
     kept, seen = [], set()
     for rule, reverse in rules:
-        key = _key(rule)
+        key = _cached_key(rule, reverse)
         if key is not None:
             src, dst, _ = key
             if src == dst or key in seen:
@@ -33,6 +34,23 @@ def search_rules(rules: Iterable[tuple[Rule, bool]]) -> list[tuple[Rule, bool]]:
             seen.add(key)
         kept.append((rule, reverse))
     return kept
+
+
+_KEYS: dict[tuple[int, bool], tuple[Rule, tuple | None]] = {}
+KEYS_LIMIT = 100_000
+
+
+def _cached_key(rule: Rule, reverse: bool) -> tuple | None:
+    """:func:`_key` of ``rule`` (reversed when ``reverse``), computed once per rule object:
+    every search of a run filters the same rules."""
+    hit = _KEYS.get((id(rule), reverse))
+    if hit is not None and hit[0] is rule:
+        return hit[1]
+    if len(_KEYS) > KEYS_LIMIT:
+        _KEYS.clear()
+    key = _key(rule.reversed() if reverse else rule)
+    _KEYS[(id(rule), reverse)] = (rule, key)
+    return key
 
 
 def _key(rule: Rule) -> tuple | None:
