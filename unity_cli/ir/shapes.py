@@ -8,7 +8,7 @@ replicas.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .dtypes import DType
 
@@ -52,6 +52,16 @@ class ParallelTensorShape:
     dtype: DType = DType.FLOAT32
     sum_degree: int = 1
     copy_degree: int = 1
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        # Cached: shapes key the cost model's caches, and hashing one walks its dims' and
+        # dtype's Python-level hashes (a third of the calls to hash() in a search).
+        h = self._hash
+        if h is None:
+            h = hash((self.dims, self.dtype, self.sum_degree, self.copy_degree))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @staticmethod
     def unpartitioned(shape: TensorShape) -> ParallelTensorShape:
