@@ -222,5 +222,5 @@ def test_infeasible_report_names_the_amounts(tiny_mlp, tmp_path):
     assert not report.feasible
     need = max(report.memory)
     assert report.infeasible.startswith("needs ")
-    assert "4 KiB" in report.infeasible and "on device 0" in report.infeasible
+    assert "which has 4.0 KiB" in report.infeasible and "on device 0" in report.infeasible
     assert need > 4096
