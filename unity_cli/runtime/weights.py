@@ -80,7 +80,15 @@ class ParamStore:
         for p in self.plans:
             m = self.master[p.name]
             g = None
-            for node, region, scale in p.pieces[me]:
+            pieces = p.pieces[me]
+            if len(pieces) == 1:    # one piece covering the master (data parallelism): no copy into zeros
+                node, _, scale = pieces[0]
+                piece = grads.get(TensorRef(node))
+                scale *= self.fault_scale
+                if piece is not None and piece.shape == m.shape and piece.dtype == m.dtype:
+                    full[p.name] = self.xp.ascontiguousarray(piece if scale == 1 else piece * piece.dtype.type(scale))
+                    continue
+            for node, region, scale in pieces:
                 piece = grads.get(TensorRef(node))
                 if piece is None:
                     continue
