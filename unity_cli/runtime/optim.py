@@ -44,34 +44,53 @@ class OptimizerConfig:
 
 
 class Optimizer:
-    """Updates weights in place, keeping per-weight state under the caller's key."""
+    """Updates weights in place, keeping per-weight state under the caller's key. Every
+    step works in place through one scratch buffer shared by all weights (as large as
+    the largest), so a step allocates nothing."""
 
     def __init__(self, config: OptimizerConfig, xp: Any):
         self.config = config
         self.xp = xp
         self.state: dict[str, list[Any]] = {}
         self.t = 0
+        self._scratch: dict[Any, Any] = {}    # by dtype: a flat buffer
 
     def begin_step(self) -> None:
         self.t += 1
 
+    def _buffer(self, w: Any) -> Any:
+        flat = self._scratch.get(w.dtype)
+        if flat is None or flat.size < w.size:
+            flat = self._scratch[w.dtype] = self.xp.empty(w.size, dtype=w.dtype)
+        return flat[:w.size].reshape(w.shape)
+
     def update(self, key: str, w: Any, g: Any) -> None:
-        c = self.config
+        c, xp = self.config, self.xp
+        tmp = self._buffer(w)
         match c.kind:
             case OptimizerKind.SGD:
-                w -= c.lr * g
+                xp.multiply(g, c.lr, out=tmp)
+                w -= tmp
             case OptimizerKind.MOMENTUM:
-                (buf,) = self.state.setdefault(key, [self.xp.zeros_like(w)])
+                (buf,) = self.state.setdefault(key, [xp.zeros_like(w)])
                 buf *= c.momentum
                 buf += g
-                w -= c.lr * buf
+                xp.multiply(buf, c.lr, out=tmp)
+                w -= tmp
             case OptimizerKind.ADAM:
-                m, v = self.state.setdefault(key, [self.xp.zeros_like(w), self.xp.zeros_like(w)])
+                m, v = self.state.setdefault(key, [xp.zeros_like(w), xp.zeros_like(w)])
                 b1, b2 = c.betas
                 m *= b1
-                m += (1 - b1) * g
+                xp.multiply(g, 1 - b1, out=tmp)
+                m += tmp
                 v *= b2
-                v += (1 - b2) * (g * g)
-                m_hat = m / (1 - b1 ** self.t)
-                v_hat = v / (1 - b2 ** self.t)
-                w -= c.lr * m_hat / (self.xp.sqrt(v_hat) + c.eps)
+                xp.multiply(g, g, out=tmp)
+                tmp *= 1 - b2
+                v += tmp
+                # lr * m_hat / (sqrt(v_hat) + eps), with m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
+                xp.divide(v, 1 - b2 ** self.t, out=tmp)
+                xp.sqrt(tmp, out=tmp)
+                tmp += c.eps
+                xp.divide(m, tmp, out=tmp)
+                tmp *= c.lr / (1 - b1 ** self.t)
+                w -= tmp
