@@ -45,6 +45,13 @@ class ParamStore:
             members = [p for p in self.plans if p.group[me] == g]
             if members and len(g) > 1:
                 self.buckets.append((g, members))
+        # Each bucket's flat gradient buffer, made once: a weight's gradient is written into
+        # its slice and all-reduced there (no per-step concatenate). Mixed dtypes: concatenated.
+        self.flat: dict[int, Any] = {}
+        for k, (_, members) in enumerate(self.buckets):
+            dtypes = {self.master[p.name].dtype for p in members}
+            if len(dtypes) == 1:
+                self.flat[k] = xp.empty(sum(self.master[p.name].size for p in members), dtype=dtypes.pop())
         self.keep_synced = False      # --check: keep each step's synced gradients (memory: one more copy)
         self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
         self.synced: dict[str, Any] = {}
@@ -76,28 +83,43 @@ class ParamStore:
         """Each master region's gradient: this rank's resident pieces' gradients added up,
         then all-reduced with the ranks that keep the same region (one flat buffer per group)."""
         me = self.comm.rank
+        slot: dict[str, Any] = {}     # a bucketed weight's slice of its bucket's flat buffer
+        for k, (_, members) in enumerate(self.buckets):
+            flat, at = self.flat.get(k), 0
+            for p in members:
+                m = self.master[p.name]
+                if flat is not None:
+                    slot[p.name] = flat[at:at + m.size].reshape(m.shape)
+                at += m.size
         full: dict[str, Any] = {}
         for p in self.plans:
             m = self.master[p.name]
-            g = None
-            pieces = p.pieces[me]
-            if len(pieces) == 1:    # one piece covering the master (data parallelism): no copy into zeros
-                node, _, scale = pieces[0]
-                piece = grads.get(TensorRef(node))
-                scale *= self.fault_scale
-                if piece is not None and piece.shape == m.shape and piece.dtype == m.dtype:
-                    full[p.name] = self.xp.ascontiguousarray(piece if scale == 1 else piece * piece.dtype.type(scale))
-                    continue
-            for node, region, scale in pieces:
-                piece = grads.get(TensorRef(node))
-                if piece is None:
-                    continue
-                if g is None:
-                    g = self.xp.zeros_like(m)
-                scale *= self.fault_scale
-                g[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
-            full[p.name] = g if g is not None else self.xp.zeros_like(m)
-        for group, members in self.buckets:
+            out = slot.get(p.name)
+            parts = [(region, grads[TensorRef(node)], scale * self.fault_scale)
+                     for node, region, scale in p.pieces[me] if TensorRef(node) in grads]
+            if len(parts) == 1 and parts[0][1].shape == m.shape and parts[0][1].dtype == m.dtype:
+                # One piece covering the master (data parallelism): taken as it is, or copied
+                # into the bucket's buffer; never added into zeros.
+                _, piece, scale = parts[0]
+                if out is None:
+                    out = self.xp.ascontiguousarray(piece if scale == 1 else piece * piece.dtype.type(scale))
+                elif scale == 1:
+                    out[...] = piece
+                else:
+                    self.xp.multiply(piece, piece.dtype.type(scale), out=out)
+            else:
+                if out is None:
+                    out = self.xp.zeros_like(m)
+                else:
+                    out[...] = 0
+                for region, piece, scale in parts:
+                    out[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
+            full[p.name] = out
+        for k, (group, members) in enumerate(self.buckets):
+            flat = self.flat.get(k)
+            if flat is not None:
+                self.comm.allreduce(group, flat)
+                continue
             flat = self.xp.concatenate([full[p.name].ravel() for p in members])
             self.comm.allreduce(group, flat)
             at = 0
