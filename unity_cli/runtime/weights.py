@@ -48,10 +48,17 @@ class ParamStore:
         # Each bucket's flat gradient buffer, made once: a weight's gradient is written into
         # its slice and all-reduced there (no per-step concatenate). Mixed dtypes: concatenated.
         self.flat: dict[int, Any] = {}
+        self.slots: dict[str, Any] = {}   # a bucketed weight's slice of its bucket's flat buffer
         for k, (_, members) in enumerate(self.buckets):
             dtypes = {self.master[p.name].dtype for p in members}
-            if len(dtypes) == 1:
-                self.flat[k] = xp.empty(sum(self.master[p.name].size for p in members), dtype=dtypes.pop())
+            if len(dtypes) != 1:
+                continue
+            flat = self.flat[k] = xp.empty(sum(self.master[p.name].size for p in members), dtype=dtypes.pop())
+            at = 0
+            for p in members:
+                m = self.master[p.name]
+                self.slots[p.name] = flat[at:at + m.size].reshape(m.shape)
+                at += m.size
         self.keep_synced = False      # --check: keep each step's synced gradients (memory: one more copy)
         self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
         self.synced: dict[str, Any] = {}
@@ -83,18 +90,10 @@ class ParamStore:
         """Each master region's gradient: this rank's resident pieces' gradients added up,
         then all-reduced with the ranks that keep the same region (one flat buffer per group)."""
         me = self.comm.rank
-        slot: dict[str, Any] = {}     # a bucketed weight's slice of its bucket's flat buffer
-        for k, (_, members) in enumerate(self.buckets):
-            flat, at = self.flat.get(k), 0
-            for p in members:
-                m = self.master[p.name]
-                if flat is not None:
-                    slot[p.name] = flat[at:at + m.size].reshape(m.shape)
-                at += m.size
         full: dict[str, Any] = {}
         for p in self.plans:
             m = self.master[p.name]
-            out = slot.get(p.name)
+            out = self.slots.get(p.name)
             parts = [(region, grads[TensorRef(node)], scale * self.fault_scale)
                      for node, region, scale in p.pieces[me] if TensorRef(node) in grads]
             if len(parts) == 1 and parts[0][1].shape == m.shape and parts[0][1].dtype == m.dtype:
