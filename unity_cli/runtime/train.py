@@ -280,33 +280,33 @@ def _predicted(plan: Plan, loss: LossKind) -> tuple[dict[str, float], list[int]]
     return predicted_phases_ms(report, plan.cluster.num_devices), list(report.comm_bytes)
 
 
+def _fault_rank(var: str, ranks: int) -> int | None:
+    """The rank the environment variable ``var`` names (None: unset or empty); a value that
+    is not a rank of this job is a one-line UsageError (a test that injects nothing would
+    pass for the wrong reason)."""
+    r = os.environ.get(var, "").strip()
+    if not r:
+        return None
+    if not r.isdigit() or int(r) >= ranks:
+        raise UsageError(f"{var}={r!r}: not a rank of this job (ranks 0 to {ranks - 1})")
+    return int(r)
+
+
 def _fault_step(rank: int, ranks: int, steps: int) -> int | None:
-    """The step at which ``UNITY_FAULT_RANK`` names this rank to fail, if it does; a value
-    that is not a rank of this job, or a step it will not reach, is a one-line UsageError
-    (a test that injects nothing would pass for the wrong reason)."""
-    r = os.environ.get("UNITY_FAULT_RANK")
-    if r is None or r.strip() == "":
+    """The step at which ``UNITY_FAULT_RANK`` names this rank to fail, if it does; a step
+    it will not reach is a one-line UsageError too."""
+    r = _fault_rank("UNITY_FAULT_RANK", ranks)
+    if r is None:
         return None
     s = os.environ.get("UNITY_FAULT_STEP", "0").strip() or "0"
-    if not r.strip().isdigit() or int(r) >= ranks:
-        raise UsageError(f"UNITY_FAULT_RANK={r!r}: not a rank of this job (ranks 0 to {ranks - 1})")
     if not s.isdigit() or int(s) >= steps:
         raise UsageError(f"UNITY_FAULT_STEP={s!r}: not a step of this run (steps 0 to {steps - 1})")
-    return int(s) if int(r) == rank else None
+    return int(s) if r == rank else None
 
 
 GRAD_FAULT = 1.01
 """``UNITY_FAULT_GRAD_RANK=r``: rank ``r`` scales its gradient pieces by this before the sync
 (a 1 % error in one rank's share, which ``--check`` must catch)."""
-
-
-def _grad_fault(rank: int, ranks: int) -> bool:
-    r = os.environ.get("UNITY_FAULT_GRAD_RANK", "").strip()
-    if not r:
-        return False
-    if not r.isdigit() or int(r) >= ranks:
-        raise UsageError(f"UNITY_FAULT_GRAD_RANK={r!r}: not a rank of this job (ranks 0 to {ranks - 1})")
-    return int(r) == rank
 
 
 def _holder(program: Any) -> Callable[[str, tuple[int, ...]], int | None]:
@@ -326,7 +326,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     comm, xp = job.comm, job.xp
     rank = comm.rank
     fault = _fault_step(rank, comm.size, opts.steps)
-    if _grad_fault(rank, comm.size):
+    if _fault_rank("UNITY_FAULT_GRAD_RANK", comm.size) == rank:
         job.params.fault_scale = GRAD_FAULT
     reference = None
     check = None
