@@ -58,7 +58,7 @@ class SearchResult:
     stats: SearchStats | None = None
     hybrids: tuple[Candidate, ...] = ()   # every uniform hybrid the run priced, tp ascending
     cut_by_budget: bool = False           # the time ceiling (--budget) stopped some search or mapping
-    not_priced: tuple[str, ...] = ()      # rows the time ceiling left out (the solver: "solver")
+    not_priced: tuple[str, ...] = ()      # rows the time ceiling left out
 
 
 FINISH_FACTOR = 2.0
@@ -322,12 +322,12 @@ def _better(a: CostReport, b: CostReport) -> bool:
 def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str = "best",
              rules: Sequence[Rule] = (), budget: float | None = None, alpha: float = 1.05,
              progress: Callable | None = None, max_candidates: int | None = None,
-             started: float | None = None, reserve: float = 0.0) -> SearchResult:
+             started: float | None = None) -> SearchResult:
     """The chosen plan and every row priced beside it. The searches stop by a count of work
     (``max_candidates``, default :data:`DEFAULT_CANDIDATES`); ``budget`` is an optional time
     ceiling in seconds over the whole run, from ``started`` (``time.monotonic()``; default:
-    now) and leaving ``reserve`` seconds to write the plan. A given ``max_candidates``
-    overrides it (so a capped plan never depends on the machine's speed). Under the ceiling
+    now), stopping short by :data:`FINISH_FACTOR` pricings to write the plan. A given
+    ``max_candidates`` overrides it (so a capped plan never depends on the machine's speed). Under the ceiling
     the first baseline is always priced (under its default views); what the ceiling leaves
     no time for (a mapping, another baseline, the solver, a search) is left out, and
     ``SearchResult.not_priced`` names the rows that are missing for it."""
@@ -350,8 +350,8 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
         must[name] = (b, (views, estimate(b.pcg, views, cluster, config)))
         pricing = max(pricing, time.monotonic() - t1)
     # Writing the plan and its summary costs about what pricing a plan does: keep that much.
-    reserve = max(reserve, FINISH_FACTOR * pricing)
-    deadline = None if budget is None else t0 + max(0.0, budget - reserve)   # the whole run, import included
+    # The whole run, import included.
+    deadline = None if budget is None else t0 + max(0.0, budget - FINISH_FACTOR * pricing)
     ev = _Evaluator(cluster, config, budget, deadline)
     candidates: dict[str, Candidate] = {}
     missing: list[str] = []
