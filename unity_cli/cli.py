@@ -316,23 +316,12 @@ def zoo_command(name: str | None, out_path: str | None, scale: str, batch_size: 
 def clusters_command() -> None:
     """List the bundled cluster specs: --cluster takes a name from this list or a path."""
     from .cluster import bundled_clusters, load_cluster
+    from .report.summary import describe_cluster
 
     for name, path in bundled_clusters().items():
         c = load_cluster(path)
-        shape = " + ".join(f"{count} x {devices}" for devices, count in _runs(n.devices for n in c.nodes))
-        types = ", ".join(dict.fromkeys(n.device.name for n in c.nodes))
-        click.echo(f"{name:<18} {c.num_devices:>5} devices  ({shape}; {types})")
-
-
-def _runs(values) -> list[tuple[int, int]]:
-    """Runs of equal values, as (value, how many in a row): 8, 8, 4 -> (8, 2), (4, 1)."""
-    out: list[list[int]] = []
-    for v in values:
-        if out and out[-1][0] == v:
-            out[-1][1] += 1
-        else:
-            out.append([v, 1])
-    return [(v, k) for v, k in out]
+        shape = describe_cluster(c).split(": ", 1)[1]
+        click.echo(f"{name:<18} {c.num_devices:>5} devices  ({shape})")
 
 
 @cli.command("verify-rules")
