@@ -142,3 +142,11 @@ def test_the_opset_read_is_recorded_and_shown(tmp_path):
                                  "--max-candidates", "2"])
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0].startswith(f"model    {path}  (opset 9; ")
+
+
+def test_an_input_without_a_shape_takes_the_one_given(tmp_path):
+    """Nothing exported to compare with: --input is the shape, and nothing is blamed."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    path = tmp_path / "shapeless.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [_vi("y", [2, 3])]), path)
+    assert import_model(path, ImportOptions(input_shapes={"x": (2, 3)})).inputs["x"].dims == (2, 3)

@@ -163,6 +163,8 @@ class _Importer:
             if not vi.type.HasField("tensor_type"):
                 raise ModelError(f"input {vi.name!r} is not a tensor")
             dtype = _dtype(tt.elem_type, f"input {vi.name!r}")
+            # As exported: sizes, and the names (or "?") of symbolic dims.
+            exported = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
             if vi.name in opts.input_shapes:
                 dims = tuple(opts.input_shapes[vi.name])
                 if any(d < 1 for d in dims):
@@ -170,9 +172,7 @@ class _Importer:
                 if tt.HasField("shape") and len(dims) != len(tt.shape.dim):
                     raise ModelError(f"--input {vi.name}: the input has {len(tt.shape.dim)} dims, "
                                      f"got {len(dims)} ({','.join(map(str, dims))})")
-                exported = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                                 for d in tt.shape.dim)
-                if any(isinstance(e, int) and e != g for e, g in zip(exported, dims, strict=True)):
+                if any(isinstance(e, int) and e != g for e, g in zip(exported, dims)):   # none: no shape
                     self.changed.append((f"--input {vi.name}={','.join(map(str, dims))}", vi.name, exported, dims))
                 out[vi.name] = TensorShape(dims, dtype)
                 continue
@@ -199,8 +199,6 @@ class _Importer:
                 given = next((i.name for i in graph_inputs if opts.input_shapes.get(i.name)), None)
                 option = f"--batch-size {batch}" if opts.batch_size is not None else \
                     f"the batch {batch} that --input {given} sets"
-                exported = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                                 for d in tt.shape.dim)
                 self.changed.append((option, vi.name, exported, tuple(dims)))
             out[vi.name] = TensorShape(tuple(dims), dtype)
         if batch is None:
