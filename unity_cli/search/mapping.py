@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -305,7 +304,6 @@ class Mapper:
     def run(self) -> tuple[float, tuple[MachineView, ...]]:
         if self.tree is None:
             return 0.0, self.defaults
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
         cost, mapping = self.solve(self.tree, Resources(0, self.cluster.num_devices), {})
         views = tuple(mapping.get(i, self.defaults[i]) for i in range(len(self.pcg)))
         return cost, views
@@ -329,7 +327,7 @@ def dp_map(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(), se
     default views)."""
     try:
         return Mapper(pcg, cluster, config, seconds=seconds).run()
-    except MappingBudgetExceeded:
+    except (MappingBudgetExceeded, RecursionError):   # a decomposition deeper than the stack allows
         return None
 
 

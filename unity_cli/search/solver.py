@@ -38,6 +38,7 @@ machine-mapped and priced by ``cost.model.estimate`` like any other candidate.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -160,12 +161,32 @@ def node_options(n: Node, shapes: Sequence[ParallelTensorShape], mesh: tuple[int
     return tuple(out)
 
 
+SHARED_LIMIT = 200_000
+"""Entries a shared table keeps before it starts afresh (a bound on memory, not on speed)."""
+
+
+@functools.lru_cache(maxsize=8)
+def _tables_of(cluster: ClusterSpec, config: CostConfig) -> dict[str, dict]:
+    return {}
+
+
+def _shared(cluster: ClusterSpec, config: CostConfig, name: str) -> dict:
+    """A table of prices for one (cluster, config), shared by every problem a process solves
+    with them (the models of a benchmark or of a test run share most of their shapes); the
+    prices depend on nothing else, so sharing changes no answer."""
+    tables = _tables_of(cluster, config)
+    table = tables.setdefault(name, {})
+    if len(table) > SHARED_LIMIT:
+        table.clear()
+    return table
+
+
 class _Pricer:
     """Times of resharding and of weight layouts, priced by the cost model on tiny graphs."""
 
     def __init__(self, cluster: ClusterSpec, config: CostConfig):
         self.cluster, self.config = cluster, config
-        self._cache: dict = {}
+        self._cache = _shared(cluster, config, "moves")
 
     def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation",
              grad: bool = True) -> float:
@@ -216,8 +237,8 @@ class Tables:
         self.pricer = _Pricer(cluster, config)
         self.device = min((cluster.device_type(d) for d in range(cluster.num_devices)),
                           key=lambda t: t.flops(config.dtype.value))
-        self.nodes: dict = {}
-        self.edges: dict = {}
+        self.nodes = _shared(cluster, config, "nodes")
+        self.edges = _shared(cluster, config, "edges")
 
     def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool) -> tuple:
         """(options, cost per option, memory per option, weight sync per option) of compute

@@ -365,10 +365,16 @@ def axioms_for(symbols: frozenset[str]) -> tuple[z3.QuantifierRef, ...]:
 
 @functools.cache
 def axioms_hash(axioms: tuple[Axiom, ...] = AXIOMS) -> str:
-    """SHA-256 of the canonical text of an axiom set (a rule cache built under other axioms is stale)."""
+    """SHA-256 of the canonical text of an axiom set (a rule cache built under other axioms is
+    stale): each law's sides, guard and direction, which determine its quantified formula
+    (:meth:`Axiom.build`), so the hash needs no quantifiers built."""
     s = signature()
-    lines = sorted(f"{a.name}: {a.build(s)[1].sexpr()}" for a in axioms)
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    lines = []
+    for a in axioms:
+        law = a.law(s, Vars(s))
+        guard = "" if law.guard is None else law.guard.sexpr()
+        lines.append(f"{a.name}: {law.lhs.sexpr()} = {law.rhs.sexpr()} if {guard}; two_way={law.two_way}")
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------

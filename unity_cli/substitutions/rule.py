@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import UnityError
 from ..files import write_atomic
-from ..jsonfile import read_json
+from ..jsonfile import parse_json, read_bytes
 
 
 class RuleError(UnityError):
@@ -264,7 +264,12 @@ class RuleSet:
     sealed: bool = True     # read from a file that had its content_hash and every rule's id
 
     def content_hash(self) -> str:
-        return hashlib.sha256(canonical([r.to_json() for r in self.rules]).encode()).hexdigest()
+        """SHA-256 over every rule's id (itself a hash of its canonical content), name and
+        metadata, in order: a change to any rule, or to their order, changes it."""
+        h = hashlib.sha256()
+        for r in self.rules:
+            h.update(canonical([r.id, r.name, dict(r.meta)]).encode() + b"\n")
+        return h.hexdigest()
 
     def dumps(self) -> str:
         doc = {"format": RULES_FORMAT, "settings": dict(self.settings), "axioms_hash": self.axioms_hash,
@@ -280,9 +285,26 @@ class RuleSet:
 
 
 def load_rules(path: str | os.PathLike) -> RuleSet:
-    """Read a rule file; a malformed or hand-edited file is a RuleError naming the rule."""
+    """Read a rule file; a malformed or hand-edited file is a RuleError naming the rule.
+
+    A process that reads the same bytes again (a benchmark or a test run planning many
+    models) gets the same, immutable, RuleSet: it is looked up by the file's SHA-256."""
     p = Path(path)
-    doc = read_json(p, RuleError, "rule file")
+    raw = read_bytes(p, RuleError, "rule file")
+    digest = hashlib.sha256(raw).digest()
+    hit = _LOADED.get(digest)
+    if hit is None:
+        hit = _parse_rules(parse_json(raw, p, RuleError, "rule file"), p)
+        if len(_LOADED) >= 4:
+            _LOADED.clear()
+        _LOADED[digest] = hit
+    return hit
+
+
+_LOADED: dict[bytes, RuleSet] = {}
+
+
+def _parse_rules(doc: Any, p: Path) -> RuleSet:
     if isinstance(doc, list):  # a bare list of rules
         doc = {"format": RULES_FORMAT, "rules": doc}
     if not isinstance(doc, Mapping) or doc.get("format") != RULES_FORMAT:
