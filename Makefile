@@ -26,6 +26,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check unity_cli tests benchmarks
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) benchmarks/foundation.py

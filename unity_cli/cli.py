@@ -411,9 +411,9 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
 
     keep_freed_memory()  # time pieces with the allocator unity run has
     from .cost.profile import default_profile_path, load_profile
-    from .cost.profiler import TimingPolicy, run_profile
     from .errors import ProfileError
     from .ir import DType
+    from .profiling.profiler import TimingPolicy, run_profile
     from .report.progress import Progress
 
     check_number("--batch-size", batch_size, 1, MAX_BATCH)
@@ -448,10 +448,11 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
 @handles_errors
 def explain(plan_path: str, operators: int, as_json: bool) -> None:
     """Explain a saved plan: its prediction, baselines, rewrites and costliest operators."""
+    from .plan.config import plan_config, plan_profile
     from .plan.plan import load_plan
     from .report.explain import data_parallel_rows
     from .report.operators import operator_rows
-    from .report.summary import plan_config, plan_profile, summary
+    from .report.summary import summary
 
     check_number("--operators", operators, 0, MAX_COUNT)
     plan = load_plan(plan_path)
@@ -531,8 +532,10 @@ def run(plan_path: str, steps: int, data_path: str | None, loss: str, optimizer:
 
     debug = click.get_current_context().find_root().params.get("debug", False) or \
         click.get_current_context().params.get("debug", False)
+    from .report.summary import run_prediction
+
     outcome = run_plan(RunOptions(plan_path, steps, data_path, loss, optimizer, lr, seed, model_path, check,
-                                  save_path, backend, bool(debug), verbose))
+                                  save_path, backend, bool(debug), verbose, run_prediction))
     if outcome.report is not None:
         click.echo(json.dumps(outcome.report.to_json(), sort_keys=True) if as_json else outcome.report.summary())
     if outcome.error:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from unity_cli.cluster import ClusterSpec, DeviceKind, load_cluster, local_cluster
+from unity_cli.cluster import DeviceKind, load_cluster, local_cluster, parse_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_cpu_machine_gives_one_node_of_cores(monkeypatch: pytest.MonkeyPatch) ->
     assert spec.num_devices >= 1
     assert node.device.memory_capacity > 0
     assert node.device.flops("float32") > 0
-    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    assert parse_cluster(spec.to_dict()) == spec
 
 
 def test_cpu_numbers_match_local_cpu_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,7 +83,7 @@ def test_known_gpus_use_datasheet_flops(monkeypatch: pytest.MonkeyPatch) -> None
     assert device.memory_capacity == H200_PROPS["totalGlobalMem"]
     assert device.memory_bandwidth == pytest.approx(4.9e12, rel=0.05)
     assert spec.nodes[0].intra_link.bandwidth == 450e9
-    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    assert parse_cluster(spec.to_dict()) == spec
 
 
 def test_unknown_gpu_is_estimated(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,8 @@ from models.catalog import EXPORTED_DIR, absent_initializer, mlp_model
 from onnx import TensorProto
 
 from unity_cli.cluster import Link, load_cluster
-from unity_cli.cost.comm import Collective, collective_time, group_link, groups_time
+from unity_cli.cluster.collectives import Collective
+from unity_cli.cost.comm import collective_time, group_link, groups_time
 from unity_cli.cost.model import CostConfig, Optimizer, estimate
 from unity_cli.ir import DType
 from unity_cli.onnx_import import ImportOptions, import_model

@@ -12,11 +12,11 @@ from fractions import Fraction
 import pytest
 
 from unity_cli.cluster import load_cluster
-from unity_cli.cluster.machine_view import MachineView, check_view, parallel_axes
-from unity_cli.cost.comm import Collective, sent_bytes
+from unity_cli.cluster.collectives import Collective, sent_bytes
 from unity_cli.cost.model import CostConfig, estimate
 from unity_cli.cost.moves import Structure, moves_of, sent_per_device
 from unity_cli.errors import PlanError
+from unity_cli.ir.machine_view import MachineView, check_view, parallel_axes
 from unity_cli.ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs

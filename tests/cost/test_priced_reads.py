@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from unity_cli.cluster import load_cluster
-from unity_cli.cluster.machine_view import packed_view
 from unity_cli.cost.model import CostConfig, CostContext, estimate, node_cost_and_moves
 from unity_cli.cost.moves import p2p_seconds, sent_per_device
-from unity_cli.cost.schedule import LOCAL, layout_sources, read_shape, trainable
+from unity_cli.ir.machine_view import packed_view
+from unity_cli.ir.schedule import LOCAL, layout_sources, read_shape, trainable
 from unity_cli.onnx_import.convert import ImportOptions, import_model_proto
 from unity_cli.runtime.program import StepKind, build_program
 from unity_cli.search.baselines import tensor_parallel

@@ -17,10 +17,17 @@ from models.catalog import mlp_model
 
 from unity_cli.cli import cli
 from unity_cli.cluster import load_cluster
-from unity_cli.cost.comm import Collective, collective_time, groups_time, link_for
+from unity_cli.cluster.collectives import Collective
+from unity_cli.cost.comm import collective_time, groups_time, link_for
 from unity_cli.cost.model import CostConfig, CostContext, estimate, node_cost
 from unity_cli.cost.profile import Profile, default_profile_path, load_profile
-from unity_cli.cost.profiler import (
+from unity_cli.errors import ProfileError
+from unity_cli.ir import DType
+from unity_cli.ir.pieces import piece_attrs
+from unity_cli.onnx_import import ImportOptions, import_model
+from unity_cli.plan.config import plan_config
+from unity_cli.plan.plan import load_plan
+from unity_cli.profiling.profiler import (
     TimingPolicy,
     distinct_pieces,
     fit_alpha_beta,
@@ -28,14 +35,7 @@ from unity_cli.cost.profiler import (
     plan_graphs,
     run_profile,
 )
-from unity_cli.errors import ProfileError
-from unity_cli.ir import DType
-from unity_cli.ir.pieces import piece_attrs
-from unity_cli.onnx_import import ImportOptions, import_model
-from unity_cli.plan.plan import load_plan
-from unity_cli.report.summary import plan_config
 from unity_cli.search.baselines import data_parallel
-from unity_cli.search.optimize import evaluate
 from unity_cli.search.views import default_views
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,8 +234,8 @@ def test_measured_ops_replace_the_roofline(profiled, mlp, cluster, tmp_path):
             assert fwd > base.compute_fwd        # the roofline is optimistic on a CPU core
         kinds.add(piece.kind)
     assert kinds == {"MatMul", "Unary"}
-    plain = evaluate(data_parallel(plan.pcg, cluster), cluster, CostConfig())  # the cache keys on the profile
-    assert plain.report.step_time * 1e3 != pytest.approx(plan.predicted["step_time_ms"], rel=1e-9)
+    plain = estimate(plan.pcg, plan.views, plan.cluster, CostConfig())  # the cache keys on the profile
+    assert plain.step_time * 1e3 != pytest.approx(plan.predicted["step_time_ms"], rel=1e-9)
     # the plan's prediction is the profiled cost of its own graph and views
     again = estimate(plan.pcg, plan.views, plan.cluster, config)
     assert again.step_time * 1e3 == pytest.approx(plan.predicted["step_time_ms"], abs=1e-6)

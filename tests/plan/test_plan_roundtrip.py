@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from models.catalog import EXPORTED_DIR, mlp_model
 
-from unity_cli.cluster import ClusterSpec, load_cluster
-from unity_cli.cluster.machine_view import check_view
+from unity_cli.cluster import load_cluster, parse_cluster
 from unity_cli.cost.model import CostConfig
 from unity_cli.errors import PlanError
+from unity_cli.ir.machine_view import check_view
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.plan.build import make_plan
 from unity_cli.plan.plan import FORMAT, Plan, load_plan, plan_from_json, seal
@@ -86,7 +86,7 @@ def test_plan_content(bert_plan, tiny_models):
     assert doc["model"]["inputs"] == {"input_ids": {"dims": [4, 32], "dtype": "int64"}}
     assert doc["model"]["batch_size"] == 4
     cluster = load_cluster(SPECS / "dgx-a100-8.yaml")
-    assert ClusterSpec.from_dict(doc["cluster"]) == cluster
+    assert parse_cluster(doc["cluster"]) == cluster
     assert doc["strategy"] in doc["baselines"]
     assert set(doc["baselines"]) == {"data_parallel", "tensor_parallel"}
     for b in doc["baselines"].values():

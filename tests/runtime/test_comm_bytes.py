@@ -12,7 +12,7 @@ from runtime.mpirun import run_json, unity_run
 from runtime.test_run_mpi import handmade_plan
 
 from unity_cli.cluster import load_cluster
-from unity_cli.cost.comm import Collective
+from unity_cli.cluster.collectives import Collective
 from unity_cli.cost.moves import Structure, moves_of
 from unity_cli.plan.plan import load_plan
 

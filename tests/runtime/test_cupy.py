@@ -66,7 +66,7 @@ def test_two_gpu_nccl_run_matches_one_process(plans, strategy):
 
 @needs_gpu
 def test_profiler_times_pieces_with_cuda_events():
-    from unity_cli.cost.profiler import pick_backend  # noqa: PLC0415
+    from unity_cli.profiling.profiler import pick_backend  # noqa: PLC0415
 
     bk = pick_backend("cupy")
     assert bk.name == "cupy"

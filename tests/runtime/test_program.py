@@ -5,7 +5,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from unity_cli.cli import cli
-from unity_cli.cluster.machine_view import MachineView
+from unity_cli.ir.machine_view import MachineView
 from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.parallel import ReductionAttrs, RepartitionAttrs, ReplicateAttrs
 from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs

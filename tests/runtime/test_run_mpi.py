@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from runtime.mpirun import run_json
 
-from unity_cli.cluster.machine_view import MachineView
 from unity_cli.cluster.parse import load_cluster
+from unity_cli.ir.machine_view import MachineView
 from unity_cli.ir.ops.elementwise import UnaryAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs

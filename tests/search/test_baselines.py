@@ -12,9 +12,9 @@ import pytest
 from models.catalog import TINY_MODELS, mlp_model
 
 from unity_cli.cluster import load_cluster
-from unity_cli.cluster.machine_view import check_view
 from unity_cli.cost.model import CostConfig
 from unity_cli.errors import InfeasibleError, UsageError
+from unity_cli.ir.machine_view import check_view
 from unity_cli.ir.ops.linear import GemmAttrs, MatMulAttrs
 from unity_cli.ir.ops.parallel import ReductionAttrs, RepartitionAttrs, ReplicateAttrs
 from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs

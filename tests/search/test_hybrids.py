@@ -25,9 +25,9 @@ from runtime.mpirun import run_json
 
 from unity_cli.cli import cli
 from unity_cli.cluster import load_cluster
-from unity_cli.cluster.machine_view import packed_view, parallel_axes
 from unity_cli.cost.model import CostConfig, layout_sources
 from unity_cli.errors import UsageError
+from unity_cli.ir.machine_view import packed_view, parallel_axes
 from unity_cli.ir.ops.gather_reduce import GatherAttrs
 from unity_cli.ir.ops.parallel import CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs, reduces_copies
 from unity_cli.ir.ops.sources import WeightAttrs

@@ -17,6 +17,7 @@ from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.parallel import ReductionAttrs, RepartitionAttrs, ReplicateAttrs
 from unity_cli.ir.ops.shape_ops import ConcatAttrs
 from unity_cli.ir.ops.sources import InputAttrs
+from unity_cli.ir.opspec import spec_by_kind, spec_of
 from unity_cli.ir.pcg import PCG, GraphBuilder, TensorRef
 from unity_cli.ir.shapes import ParallelTensorShape, TensorShape
 from unity_cli.substitutions.codec import build_side, to_pattern
@@ -369,4 +370,17 @@ def test_settings():
         GeneratorSettings(ops=("Softmax",))
     s = GeneratorSettings()
     assert s.ops == DEFAULT_OPS and s.to_json()["max_ops"] == 3
-    assert set(DEFAULT_OPS) == set(OPS)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_each_generator_op_is_an_ir_op_of_its_arity(name):
+    """The generator's arity table agrees with the IR: each op, on rank-2 inputs of its
+    arity, is an operator whose specification infers its output (so the rules it finds are
+    about graphs the importer and the search build)."""
+    x = ParallelTensorShape.of((4, 4), (1, 1))
+    attrs = _op(name, [x] * OPS[name], 2)
+    assert attrs is not None
+    spec = spec_of(attrs)
+    assert spec_by_kind(spec.kind) is spec
+    outs = spec.infer(attrs, [x.logical] * OPS[name])   # parallel ops: the logical shape passes through
+    assert outs and all(o.rank == 2 for o in outs)

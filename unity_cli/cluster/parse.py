@@ -199,7 +199,7 @@ def _check_size(data: object, source: str) -> None:
             stack.extend(x)
 
 
-def parse_cluster(data: object, source: str) -> ClusterSpec:
+def parse_cluster(data: object, source: str = "<cluster spec>") -> ClusterSpec:
     """Validate parsed YAML/JSON ``data`` and build the spec; ``source`` prefixes errors."""
     if not isinstance(data, Mapping):
         raise ClusterSpecError(f"{source}: top level must be a mapping, got {_kind(data)}")

@@ -5,7 +5,7 @@ an intra-node link, and nodes talk through one network interface each (the inter
 link). Devices are numbered globally, node-major: node 0's devices come first. All
 quantities are SI base units (FLOP/s, bytes/s, bytes, seconds). The YAML format is
 documented in ``cluster_specs/README.md`` and read by ``parse.py``; ``to_dict``
-writes the same format with plain numbers, so ``ClusterSpec.from_dict(spec.to_dict())
+writes the same format with plain numbers, so ``parse_cluster(spec.to_dict())
 == spec``.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -217,15 +217,6 @@ class ClusterSpec:
             "nodes": groups,
             "inter_node_link": _link_dict(self.inter_link),
         }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "<cluster spec>") -> ClusterSpec:
-        """Inverse of ``to_dict``; accepts anything the YAML format accepts."""
-        # Imported here because the parser builds ClusterSpecs: a module-level import
-        # would be circular.
-        from unity_cli.cluster.parse import parse_cluster
-
-        return parse_cluster(data, source)
 
 
 def _device_type_dict(device: DeviceType) -> dict[str, Any]:

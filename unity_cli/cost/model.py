@@ -17,20 +17,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from ..cluster.machine_view import MachineView
+import numpy as np
+
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes
 from ..deadline import check
+from ..errors import ShapeError
 from ..ir.dtypes import DType
+from ..ir.machine_view import MachineView
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
+from ..ir.schedule import gather_then_replicate, layout_sources, stored_layout
 from .compute import piece_shapes, roofline
-from .moves import Move, Structure, node_moves, phase_seconds, sent_per_device
+from .moves import Move, Structure, device_array, node_moves, phase_seconds, sent_rounded
 from .profile import Profile, piece_key
-from .schedule import gather_then_replicate, layout_sources, stored_layout
 
 __all__ = ["CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate",
            "gather_then_replicate", "layout_sources", "memory_per_device", "node_cost", "stored_layout"]
@@ -212,44 +215,46 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     ctx = CostContext.of(pcg, cluster, config)
     layout = ctx.layout
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
+    for i, ds in enumerate(devs):
+        if ds and not 0 <= min(ds) <= max(ds) < cluster.num_devices:
+            raise ShapeError(f"node {pcg.nodes[i].name!r}'s view reaches device {max(ds)}, and cluster "
+                             f"{cluster.name!r} has {cluster.num_devices} devices")
     priced = []
     for i in range(len(pcg)):
         if i % 256 == 0:
             check()    # under optimize --budget: a graph of 20,000 nodes takes seconds to price
         priced.append(node_cost_and_moves(ctx, i, views))
     costs = [c for c, _ in priced]
-    sent = sent_per_device((m for _, ms in priced for m in ms), cluster.num_devices)
+    sent = sent_rounded((m for _, ms in priced for m in ms), cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = config.profile.loss(cluster.device_type(out_devs[0])) if config.profile is not None else 0.0
-    events = _simulate(pcg, devs, costs, layout, (out_devs, loss))
+    events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss))
     update = _update_time(pcg, devs, layout, cluster, config)
     end = max((e.end for e in events), default=0.0)
-    step = end
-    busiest_compute = [0.0] * cluster.num_devices
-    busiest_comm = [0.0] * cluster.num_devices
+    busiest_compute = np.zeros(cluster.num_devices)
+    busiest_comm = np.zeros(cluster.num_devices)
     for e in events:
         acc = busiest_comm if e.comm or e.stream is Stream.COMM else busiest_compute
-        for d in e.devices:
-            acc[d] += e.end - e.start
-    upd_events = []
-    for d, t in enumerate(update):
-        if t > 0:
-            upd_events.append(Event(-1, "update", Stream.COMPUTE, (d,), end, end + t))
-            busiest_compute[d] += t
-    step = end + max(update, default=0.0)
+        np.add.at(acc, device_array(e.devices), e.end - e.start)
+    upd_events = [Event(-1, "update", Stream.COMPUTE, (int(d),), end, end + float(update[d]))
+                  for d in np.flatnonzero(update > 0)]
+    busiest_compute += update
+    step = end + float(update.max(initial=0.0))
     memory = memory_per_device(pcg, devs, layout, cluster.num_devices, config)
     infeasible = None
-    for d, used in enumerate(memory):
-        cap = cluster.device_type(d).memory_capacity
-        if config.memory_limit is not None:
-            cap = min(cap, config.memory_limit)
-        if used > cap:
-            limit = " (the --memory-limit)" if cap == config.memory_limit else ""
-            need, have = _sizes_apart(used, cap)
-            infeasible = f"needs {need} on device {d}, which has {have}{limit}"
-            break
-    return CostReport(step, max(busiest_compute, default=0.0), max(busiest_comm, default=0.0), tuple(memory),
-                      tuple(costs), tuple(events) + tuple(upd_events), infeasible, tuple(round(b) for b in sent))
+    caps = _device_types(cluster)[2]
+    if config.memory_limit is not None:
+        caps = np.minimum(caps, config.memory_limit)
+    over = np.flatnonzero(np.asarray(memory, dtype=np.int64) > caps)
+    if len(over):
+        d = int(over[0])
+        cap = int(caps[d])
+        limit = " (the --memory-limit)" if cap == config.memory_limit else ""
+        need, have = _sizes_apart(memory[d], cap)
+        infeasible = f"needs {need} on device {d}, which has {have}{limit}"
+    return CostReport(step, float(busiest_compute.max(initial=0.0)), float(busiest_comm.max(initial=0.0)),
+                      tuple(memory), tuple(costs), tuple(events) + tuple(upd_events), infeasible,
+                      sent)
 
 
 LOSS_NODE = -2
@@ -259,12 +264,16 @@ forward and backward, measured by the profile (``loss_s``)."""
 
 
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
-              layout: Sequence[int | None], loss: tuple[tuple[int, ...], float] = ((), 0.0)) -> list[Event]:
+              layout: Sequence[int | None], num_devices: int,
+              loss: tuple[tuple[int, ...], float] = ((), 0.0)) -> list[Event]:
     """List scheduling: forward in topological order, the loss on the output's devices,
     backward in reverse; each node waits for its inputs (forward) or its consumers'
     gradients (backward) and for its devices."""
-    free_compute: dict[int, float] = {}
-    free_comm: dict[int, float] = {}
+    free_compute = np.zeros(num_devices)    # when each device's streams are next free
+    free_comm = np.zeros(num_devices)
+
+    def free(stream: np.ndarray, ds: tuple[int, ...]) -> list[float]:
+        return [float(stream[device_array(ds)].max())] if ds else []
     events: list[Event] = []
     ready = [0.0] * len(pcg)
     loss_devs, loss_s = loss
@@ -278,18 +287,18 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
             if dur > 0:
                 events.append(Event(i, phase, Stream.COMPUTE, devs[i] if i >= 0 else loss_devs, t, t + dur, comm))
                 t += dur
-        for d in devs[i] if i >= 0 else loss_devs:
-            free_compute[d] = max(free_compute.get(d, 0.0), t)
+        ix = device_array(devs[i] if i >= 0 else loss_devs)
+        free_compute[ix] = np.maximum(free_compute[ix], t)
         return t
 
     for i, n in pcg:
         c = costs[i]
-        start = max([ready[r.node] for r in n.inputs] + [free_compute.get(d, 0.0) for d in devs[i]], default=0.0)
+        start = max([ready[r.node] for r in n.inputs] + free(free_compute, devs[i]), default=0.0)
         ready[i] = busy(i, "fwd", ((c.comm_fwd, True), (c.compute_fwd, False)), start)
     fwd_end = max(ready, default=0.0)
     gather = sum(c.comm_loss for c in costs)
     if (loss_s > 0 or gather > 0) and loss_devs:
-        start = max([fwd_end] + [free_compute.get(d, 0.0) for d in loss_devs])
+        start = max([fwd_end] + free(free_compute, loss_devs))
         fwd_end = busy(LOSS_NODE, "loss", ((gather, True), (loss_s, False)), start)
     grad_ready = [fwd_end] * len(pcg)
     for i in range(len(pcg) - 1, -1, -1):
@@ -297,14 +306,13 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         users = pcg.consumers[i]
         start = max([grad_ready[u] for u, _ in users] + [fwd_end], default=fwd_end)
         if c.grad_sync > 0:
-            s = max([start] + [free_comm.get(d, 0.0) for d in devs[i]])
+            s = max([start] + free(free_comm, devs[i]))
             events.append(Event(i, "sync", Stream.COMM, devs[i], s, s + c.grad_sync))
-            for d in devs[i]:
-                free_comm[d] = s + c.grad_sync
+            free_comm[device_array(devs[i])] = s + c.grad_sync
             grad_ready[i] = s + c.grad_sync
             continue
         if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:
-            s = max([start] + [free_compute.get(d, 0.0) for d in devs[i]])
+            s = max([start] + free(free_compute, devs[i]))
             grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:
             grad_ready[i] = start
@@ -321,7 +329,7 @@ def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequenc
                       num_devices: int, config: CostConfig) -> list[int]:
     """Bytes per device: weights with their gradients and optimizer state, constants,
     inputs, and every activation kept for the backward pass."""
-    mem = [0] * num_devices
+    mem = np.zeros(num_devices, dtype=np.int64)
     stored = _stored(pcg, layout)
     for i, n in pcg:
         if not stored[i]:
@@ -334,25 +342,42 @@ def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequenc
             per = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
                                        not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
                                        else o.dtype.itemsize) for o in n.outputs)
-        for d in devs[i]:
-            mem[d] += per
-    return mem
+        np.add.at(mem, device_array(devs[i]), per)
+    return mem.tolist()
 
 
 def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
                  cluster: ClusterSpec, config: CostConfig) -> list[float]:
     """Optimizer update: a streaming pass over each device's weights, grads and state."""
-    t = [0.0] * cluster.num_devices
+    t = np.zeros(cluster.num_devices)
     stored = _stored(pcg, layout)
+    types, index, _ = _device_types(cluster)
     for i, n in pcg:
         src = layout[i]
         if not stored[i] or src is None:
             continue
         w = pcg.nodes[src].op
         if isinstance(w, WeightAttrs) and w.trainable:
-            for d in devs[i]:
-                t[d] += update_seconds(n.outputs[0].piece.numel, cluster.device_type(d), config)
+            per_type = np.array([update_seconds(n.outputs[0].piece.numel, ty, config) for ty in types])
+            ix = device_array(devs[i])
+            np.add.at(t, ix, per_type[index[ix]])
     return t
+
+
+@functools.lru_cache(maxsize=8)
+def _device_types(cluster: ClusterSpec) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """The cluster's device types, each device's index among them, and each device's
+    memory capacity in bytes."""
+    types: list = []
+    index = np.zeros(cluster.num_devices, dtype=np.intp)
+    caps = np.zeros(cluster.num_devices, dtype=np.int64)
+    for k, node in enumerate(cluster.nodes):
+        if node.device not in types:
+            types.append(node.device)
+        lo = cluster.device_offsets[k]
+        index[lo:lo + node.devices] = types.index(node.device)
+        caps[lo:lo + node.devices] = node.device.memory_capacity
+    return tuple(types), index, caps
 
 
 def update_seconds(numel: int, device, config: CostConfig) -> float:

@@ -1,6 +1,6 @@
 """Every byte the runtime moves in one training step, node by node.
 
-From the runtime's own schedule (:mod:`unity_cli.cost.schedule`), a node's moves are:
+From the runtime's own schedule (:mod:`unity_cli.ir.schedule`), a node's moves are:
 
 * a compute op's reads of input pieces held on other devices: a point-to-point message
   forward and the read's gradient sent back in backward;
@@ -10,7 +10,7 @@ From the runtime's own schedule (:mod:`unity_cli.cost.schedule`), a node's moves
   devices as one all-reduce / all-gather (reduce-scatter backward). The pair is priced at
   its second node, the ``Replicate``: whether it fuses depends on both ends;
 * the weight-gradient all-reduces of a trainable weight's replicas (one group per region
-  that several devices keep, :class:`~unity_cli.cost.schedule.ParamPlan`), at the weight's
+  that several devices keep, :class:`~unity_cli.ir.schedule.ParamPlan`), at the weight's
   last stored layout;
 * at the graph's output, the loss's gathering of the pieces it needs together, the
   gradients sent back, and the all-reduce of the loss value (8 bytes).
@@ -30,14 +30,16 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ..cluster.collectives import Collective, sent_ratio
 from ..cluster.spec import ClusterSpec, Link
 from ..ir.dtypes import DType
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG, TensorRef
-from ..ir.shapes import ParallelTensorShape
-from .comm import Collective, groups_time, link_for, sent_ratio
-from .schedule import (
+from ..ir.schedule import (
     LOCAL,
+    LOSS_VALUE_BYTES,
     CollectiveKind,
     Read,
     Schedule,
@@ -54,13 +56,13 @@ from .schedule import (
     region_shape,
     trainable,
 )
+from ..ir.shapes import ParallelTensorShape
+from .comm import groups_time, link_for
 
 if TYPE_CHECKING:
     from .profile import Profile
 
 PHASES = ("fwd", "bwd", "loss", "sync")
-LOSS_VALUE_BYTES = 8
-"""The loss value every rank adds to the all-reduce of the step's loss (a float64)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,15 +298,83 @@ def _loss_moves(st: Structure, sched: Schedule, dtype: DType) -> list[Move]:
 # -- bytes and seconds ------------------------------------------------------------------------------
 
 
+SYMMETRIC = frozenset({Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+                       Collective.ALL_TO_ALL})
+"""Collectives in which every member sends the same number of bytes."""
+
+
+@functools.lru_cache(maxsize=256)
+def device_array(devices: tuple[int, ...]) -> np.ndarray:
+    """``devices`` as an index array (per-device sums run in numpy: a step's cost must not
+    grow with the cluster at Python's speed)."""
+    return np.fromiter(devices, dtype=np.intp, count=len(devices))
+
+
 def sent_per_device(moves: Iterable[Move], num_devices: int) -> list[Fraction]:
     """Bytes each device sends for ``moves`` (:func:`~unity_cli.cost.comm.sent_bytes`)."""
-    acc: dict[int, list[int]] = {1: [0] * num_devices}   # numerators per denominator (fractions are slow)
+    total, common = _sent(moves, num_devices)
+    return [Fraction(int(x), common) for x in total]
+
+
+def sent_rounded(moves: Iterable[Move], num_devices: int) -> tuple[int, ...]:
+    """:func:`sent_per_device`, each rounded to whole bytes as ``round`` rounds a fraction
+    (half to even)."""
+    total, common = _sent(moves, num_devices)
+    if common == 1:
+        return tuple(int(x) for x in total)
+    out = []
+    for x in total:
+        q, r = divmod(int(x), common)
+        out.append(q + (2 * r > common or (2 * r == common and q % 2 == 1)))
+    return tuple(out)
+
+
+def _sent(moves: Iterable[Move], num_devices: int) -> tuple[np.ndarray, int]:
+    """Every device's bytes sent, as numerators over one common denominator."""
+    acc: dict[int, np.ndarray] = {}   # numerators per denominator (fractions are slow)
+    bound = 0                         # no device's numerator can exceed this: int64 while it fits
+    senders: list[int] = []           # point-to-point messages, added at once
+    sizes: list[int] = []
     for m in moves:
-        for r in (m.group[:1] if m.kind is Collective.P2P else m.group):
+        if m.kind is Collective.P2P:
+            if m.nbytes > 0 and len(m.group) > 1:   # sent_ratio's rule: the sender sends the message
+                senders.append(m.group[0])
+                sizes.append(m.nbytes)
+                bound += m.nbytes
+            continue
+        if m.kind in SYMMETRIC:
+            num, den = sent_ratio(m.kind, m.nbytes, m.group, m.group[0], m.root) if m.group else (0, 1)
+            if num:
+                bound += num
+                np.add.at(_numerators(acc, den, num_devices, bound), device_array(m.group), num)
+            continue
+        for r in m.group:
             num, den = sent_ratio(m.kind, m.nbytes, m.group, r, m.root)
             if num:
-                acc.setdefault(den, [0] * num_devices)[r] += num
-    return [sum((Fraction(v[r], den) for den, v in acc.items()), Fraction(0)) for r in range(num_devices)]
+                bound += num
+                _numerators(acc, den, num_devices, bound)[r] += num
+    if senders:
+        v = _numerators(acc, 1, num_devices, bound)
+        np.add.at(v, np.array(senders, dtype=np.intp), np.array(sizes, dtype=object if v.dtype == object
+                                                                 else np.int64))
+    if not acc:
+        return np.zeros(num_devices, dtype=np.int64), 1
+    common = math.lcm(*acc)
+    if len(acc) == 1 and common in acc:
+        return acc[common], common
+    return sum(v.astype(object) * (common // den) for den, v in acc.items()), common
+
+
+def _numerators(acc: dict[int, np.ndarray], den: int, num_devices: int, bound: int) -> np.ndarray:
+    """The numerators over ``den``, widened to Python integers once int64 could overflow."""
+    v = acc.get(den)
+    if v is None:
+        v = acc[den] = np.zeros(num_devices, dtype=np.int64)
+    if bound >= 1 << 62 and v.dtype != object:
+        for k in acc:
+            acc[k] = acc[k].astype(object)
+        v = acc[den]
+    return v
 
 
 def phase_seconds(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None = None) -> dict[str, float]:

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cluster.collectives import Collective
 from ..cluster.spec import ClusterSpec, DeviceType
 from ..errors import ProfileError
 from ..files import write_atomic
@@ -74,7 +75,7 @@ from ..ir.dtypes import DType
 from ..ir.opspec import attrs_key
 from ..ir.shapes import TensorShape
 from ..jsonfile import read_json
-from .comm import INTER_NODE, INTRA_NODE, Collective
+from .comm import INTER_NODE, INTRA_NODE
 
 FORMAT = "unity-profile/1"
 LINK_KINDS = (INTRA_NODE, INTER_NODE)

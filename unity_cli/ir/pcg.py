@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
-
-import networkx as nx
 
 from ..errors import ShapeError
 from .opspec import OpSpec, attrs_key, spec_of
@@ -55,7 +53,6 @@ class PCG:
 
     nodes: tuple[Node, ...]
     outputs: tuple[TensorRef, ...]
-    _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
         for i, n in enumerate(self.nodes):
@@ -135,16 +132,6 @@ class PCG:
         for s in sorted(hashes[i] for i, users in enumerate(self.consumers) if not users):
             h.update(f"sink {s}\n".encode())
         return h.hexdigest()
-
-    def to_networkx(self) -> nx.MultiDiGraph:
-        """A networkx view: one vertex per node id, one edge per tensor read."""
-        g = nx.MultiDiGraph()
-        for i, n in self:
-            g.add_node(i, kind=n.kind, name=n.name)
-        for i, n in self:
-            for pos, r in enumerate(n.inputs):
-                g.add_edge(r.node, i, index=r.index, position=pos)
-        return g
 
     def sources(self) -> list[int]:
         return [i for i, n in self if n.spec.is_source]

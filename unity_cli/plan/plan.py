@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cluster.machine_view import MachineView, check_view, devices_used
+from ..cluster.parse import parse_cluster
 from ..cluster.spec import ClusterSpec
 from ..errors import PlanError, ShapeError, UnityError
 from ..files import write_atomic
 from ..ir import PCG, DType, GraphBuilder, TensorRef
+from ..ir.machine_view import MachineView, check_view, devices_used
 from ..ir.opspec import attrs_from_json, attrs_to_json
 from ..ir.shapes import ParallelDim, ParallelTensorShape
 from ..ir.validate import problems
@@ -145,7 +146,7 @@ def plan_from_json(data: Any) -> Plan:
         if key not in data:
             raise PlanError(f"{key}: missing")
     try:
-        cluster = ClusterSpec.from_dict(data["cluster"], source="plan")
+        cluster = parse_cluster(data["cluster"], source="plan")
     except UnityError as e:
         raise PlanError(f"cluster: {e}") from None
     b = GraphBuilder()

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from ..onnx_import import ImportOptions, import_model
 from ..onnx_import.load import file_sha256
+from ..plan.config import plan_config
 from ..plan.plan import Plan
 from ..search.baselines import data_parallel
 from ..search.optimize import evaluate
 from .operators import OperatorRow, operator_rows
-from .summary import plan_config
 
 
 def data_parallel_rows(plan: Plan) -> tuple[dict[str, OperatorRow] | None, str | None]:

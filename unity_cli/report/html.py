@@ -20,11 +20,13 @@ from ..cost.model import CostConfig, CostReport, estimate
 from ..errors import ReportError
 from ..files import write_atomic
 from ..jsonfile import read_json
+from ..plan.config import plan_config, plan_profile
 from ..plan.plan import Plan
+from ..runtime.phases import HEADINGS, PHASES
 from .diagram import CATEGORIES, GLYPHS, Diagram, build_diagram, render_group, render_overview
 from .markup import esc, ms, num
 from .operators import operator_rows
-from .summary import describe_cluster, fmt_bytes, plan_config, plan_profile
+from .summary import describe_cluster, fmt_bytes
 from .timeline import KINDS, capacities, render_memory, render_timeline
 
 _NUMBER = (int, float)
@@ -239,7 +241,6 @@ def _measured_table(plan: Plan, m: Mapping[str, Any]) -> str:
 
 def _phases_table(phases: Any) -> str:
     """Measured and predicted ms per phase, when the run reported them (older runs did not)."""
-    from ..runtime.phases import HEADINGS, PHASES  # noqa: PLC0415
 
     if not isinstance(phases, dict) or not isinstance(phases.get("measured"), dict):
         return ""

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..cluster.machine_view import MachineView
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostContext, node_cost
+from ..ir.machine_view import MachineView
 from ..ir.pcg import PCG
 from ..ir.printer import op_label
 from ..ir.shapes import ParallelTensorShape

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes as fmt_bytes
-from ..cost.model import CostConfig, Optimizer
-from ..cost.profile import Profile, load_profile
-from ..errors import ProfileError
-from ..ir.dtypes import DType
+from ..cost.model import estimate
+from ..plan.config import plan_config
 from ..plan.plan import Plan
+from ..runtime.phases import predicted_phases_ms
 from .operators import OperatorRow, heaviest_table, operator_rows
 
 
@@ -28,31 +28,6 @@ def describe_cluster(c: ClusterSpec) -> str:
             groups.append([key, 1])
     parts = [f"{count} node{'s' if count > 1 else ''} x {d} {name}" for (d, name), count in groups]
     return f"{c.name}: " + " + ".join(parts)
-
-
-def plan_config(plan: Plan, profile: Profile | None = None) -> CostConfig:
-    """The cost config a plan was made with. Its profile, if it names one, is used when the
-    file is still there with the same content (``plan_profile``; pass it when already
-    loaded); otherwise operators cost the roofline."""
-    c = plan.config
-    if profile is None:
-        profile = plan_profile(plan)[0]
-    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"), profile)
-
-
-def plan_profile(plan: Plan) -> tuple[Profile | None, str | None]:
-    """The profile the plan was made with, or None and why it is not available."""
-    ref = plan.config.get("profile")
-    if not isinstance(ref, dict) or not isinstance(ref.get("path"), str):
-        return None, None
-    try:
-        prof = load_profile(ref["path"])
-    except ProfileError as e:
-        return None, f"the plan's profile cannot be used ({e}); operator times are roofline estimates"
-    if prof.sha256 != ref.get("sha256"):
-        return None, (f"the plan's profile {ref['path']} has changed since the plan was made; "
-                      "operator times are roofline estimates")
-    return prof, None
 
 
 def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mapping[str, OperatorRow] | None = None,
@@ -102,3 +77,12 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     if plan_path:
         lines.append(f"wrote    {plan_path}")
     return "\n".join(lines)
+
+
+def run_prediction(plan: Plan, loss: str) -> tuple[dict[str, float], list[int]]:
+    """The cost model's prediction for a run of ``plan`` trained with ``loss`` (its profile
+    used when it is still there): the phases in ms (mean over devices) and the bytes each
+    device sends per step. ``unity run`` reports both beside what it measures; the CLI
+    passes this down, as the runtime does not read the cost model."""
+    report = estimate(plan.pcg, plan.views, plan.cluster, replace(plan_config(plan), loss=loss))
+    return predicted_phases_ms(report, plan.cluster.num_devices), list(report.comm_bytes)

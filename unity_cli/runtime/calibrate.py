@@ -29,6 +29,12 @@ from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.pcg import PCG, GraphBuilder
 from ..ir.shapes import TensorShape
 from . import kernels
+from .comm import mpi
+from .executor import build_executor
+from .loss import LossKind
+from .optim import OptimizerConfig
+from .phases import StepClock
+from .program import single_device_views
 
 SHORT, LONG = 8, 72
 
@@ -48,12 +54,6 @@ def _timed_steps(pcg: PCG, initial: dict[str, np.ndarray], optimizer: str, backe
                  steps: int) -> list[tuple[float, dict[str, float]]]:
     """Train ``pcg`` (input ``x`` and output [2, 4], on one device) for ``steps`` steps after a
     warm-up one: each step's seconds and its phases (``phases.py``)."""
-    from .comm import mpi
-    from .executor import build_executor
-    from .loss import LossKind
-    from .optim import OptimizerConfig
-    from .phases import StepClock
-    from .program import single_device_views
 
     rng = np.random.default_rng(0)
     _, comm, _, executor = build_executor(pcg, single_device_views(pcg), None, backend, mpi().COMM_SELF, xp,

@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 Group = tuple[int, ...]
 Array = Any
 
@@ -90,7 +92,6 @@ class Comm(ABC):
 
     def sum_host(self, x: float) -> float:
         """The sum over all ranks of a float (the step's loss)."""
-        import numpy as np  # noqa: PLC0415
 
         buf = np.array([x], dtype=np.float64)
         self.world.Allreduce(mpi().IN_PLACE, buf)

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..cost.schedule import looks_like_logits
 from ..errors import UsageError
 from ..ir.pcg import PCG
+from ..ir.schedule import looks_like_logits
 
 
 class LossKind(Enum):

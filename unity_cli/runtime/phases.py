@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ..cost.comm import Collective, sent_ratio
-from ..cost.moves import LOSS_VALUE_BYTES
+from ..cluster.collectives import Collective, sent_ratio
+from ..ir.schedule import LOSS_VALUE_BYTES
 
 PHASES = ("fwd_compute", "fwd_comm", "loss", "bwd_compute", "bwd_comm", "grad_sync", "optimizer", "other")
 HEADINGS = {"fwd_compute": "fwd comp", "fwd_comm": "fwd comm", "loss": "loss", "bwd_compute": "bwd comp",

@@ -2,7 +2,7 @@
 
 Every rank builds the same :class:`Program` from the plan, so the sends one rank posts
 are exactly the receives another posts. What each node's step reads, from whom, and which
-reads are collectives is decided in :mod:`unity_cli.cost.schedule` (its docstring states the
+reads are collectives is decided in :mod:`unity_cli.ir.schedule` (its docstring states the
 rules), the same code the cost model lists the step's data movement from
 (:mod:`unity_cli.cost.moves`): the bytes a plan predicts are the bytes its ranks send.
 """
@@ -11,8 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..cluster.machine_view import MachineView
-from ..cost.schedule import (  # noqa: F401  (the executor's and weights' vocabulary)
+from ..errors import PlanError
+from ..ir.machine_view import MachineView
+from ..ir.ops.sources import WeightAttrs
+from ..ir.pcg import PCG, TensorRef
+from ..ir.pieces import Coord
+from ..ir.schedule import (  # noqa: F401  (the executor's and weights' vocabulary)
     LOCAL,
     Assemble,
     Collective,
@@ -29,10 +33,6 @@ from ..cost.schedule import (  # noqa: F401  (the executor's and weights' vocabu
     gather_then_replicate,
     needs_grad,
 )
-from ..errors import PlanError
-from ..ir.ops.sources import WeightAttrs
-from ..ir.pcg import PCG, TensorRef
-from ..ir.pieces import Coord
 
 
 @dataclass(frozen=True)

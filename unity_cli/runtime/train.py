@@ -15,20 +15,23 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError, RunError, UnityError, UsageError
 from ..files import check_output
 from ..plan.plan import Plan, load_plan
+from . import kernels
+from .check import CheckResult, Reference
 from .comm import Comm, mpi
 from .data import Data, gather_tables, read_npz
 from .device import array_module
+from .executor import build_executor
 from .loss import LossKind, choose_loss
 from .model_io import import_for_plan, resolve_model, save_trained, weight_values
 from .optim import OptimizerConfig
-from .phases import StepClock, mean_over_ranks, phase_table, predicted_phases_ms
+from .phases import StepClock, mean_over_ranks, phase_table
 from .weights import ParamStore
 
 LOCAL_CPU = "local-cpu"   # a bundled cluster spec: --cluster takes its name anywhere
@@ -49,6 +52,9 @@ class RunOptions:
     backend: str = "auto"
     debug: bool = False
     verbose: bool = False              # rank 0 names every rank's pid at start (mpiexec names a dead rank by pid)
+    # The cost model's prediction for (plan, loss): phases in ms and bytes sent per device.
+    # The caller passes it (report.summary.run_prediction): the runtime does not read the cost model.
+    predict: Callable[[Plan, str], tuple[dict[str, float], list[int]]] | None = None
 
 
 @dataclass
@@ -257,27 +263,15 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
     data = Data(imported.inputs, out_dims, loss, opts.seed, gather_tables(imported.pcg), arrays, opts.data or "")
     optimizer = OptimizerConfig.of(opts.optimizer or plan.config.get("optimizer", "adam"), opts.lr)
     class_axis = len(out_dims) - 1 if loss is LossKind.CROSS_ENTROPY else None
-    from . import kernels  # noqa: PLC0415
 
     for g, which in ((plan.pcg, "plan"), (imported.pcg, "model")):
         for _, n in g:
             if not (n.spec.is_source or n.spec.is_parallel_op or kernels.has_kernel(n.kind)):
                 raise RunError(f"the {which}'s node {n.name!r} is a {n.kind}, which has no runtime kernel yet")
-    from .executor import build_executor  # noqa: PLC0415  (imports the kernels)
 
     _, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
                                                      values.trainable, optimizer, loss, values.constants)
     return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
-
-
-def _predicted(plan: Plan, loss: LossKind) -> tuple[dict[str, float], list[int]]:
-    """The plan's step simulated again (with its profile, when it is still there) for the loss
-    this run trains with: its phases and the bytes each device sends."""
-    from ..cost.model import estimate  # noqa: PLC0415
-    from ..report.summary import plan_config  # noqa: PLC0415
-
-    report = estimate(plan.pcg, plan.views, plan.cluster, replace(plan_config(plan), loss=loss.value))
-    return predicted_phases_ms(report, plan.cluster.num_devices), list(report.comm_bytes)
 
 
 def _fault_rank(var: str, ranks: int) -> int | None:
@@ -331,7 +325,6 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     reference = None
     check = None
     if opts.check:
-        from .check import CheckResult, Reference  # noqa: PLC0415
 
         check = CheckResult()
         job.params.keep_synced = True
@@ -374,7 +367,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     if opts.save:
         save_trained(job.model, opts.save, final)
         saved = opts.save
-    predicted_phases, predicted_sent = _predicted(job.plan, job.loss)
+    predicted_phases, predicted_sent = opts.predict(job.plan, job.loss.value) if opts.predict else ({}, [])
     warnings = list(job.warnings)
     if any(len(set(steps)) > 1 for steps in sent):
         warnings.append("the bytes sent differ from step to step (the last step's are shown)")

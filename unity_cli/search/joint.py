@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..cluster.machine_view import MachineView
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate
 from ..deadline import OutOfTime, check
+from ..ir.machine_view import MachineView
 from ..ir.pcg import PCG
 from ..ir.simplify import simplify
 from ..substitutions.equivalence import search_rules

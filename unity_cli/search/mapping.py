@@ -29,9 +29,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..cluster.machine_view import MachineView, packed_view
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostContext, NodeCost, node_cost
+from ..ir.machine_view import MachineView, packed_view
 from ..ir.opspec import attrs_key
 from ..ir.pcg import PCG
 from .sp import SP, Leaf, Parallel, Series, decompose

@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..cluster.machine_view import MachineView, devices_used
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate, layout_sources, memory_per_device
 from ..deadline import OutOfTime, ceiling, check
 from ..errors import InfeasibleError, ShapeError, UsageError
+from ..ir.machine_view import MachineView, devices_used
 from ..ir.pcg import PCG
 from ..ir.validate import validate
 from ..substitutions.rule import Rule

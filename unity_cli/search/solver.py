@@ -48,13 +48,13 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost, update_seconds
-from ..cost.schedule import needs_grad
 from ..deadline import check
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import SUM, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
+from ..ir.schedule import needs_grad
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
 from .elimination import Elimination, TooWide

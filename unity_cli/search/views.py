@@ -13,8 +13,8 @@ instead of being packed onto devices 0.. that belong to other groups.
 """
 from __future__ import annotations
 
-from ..cluster.machine_view import MachineView, packed_view, parallel_axes
 from ..cost.model import layout_sources
+from ..ir.machine_view import MachineView, packed_view, parallel_axes
 from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, reduces_copies
 from ..ir.pcg import PCG
 from ..ir.shapes import ParallelTensorShape

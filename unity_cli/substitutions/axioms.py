@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ import numpy as np
 import z3
 
 from ..errors import ShapeError
-from ..ir.opspec import attrs_from_json, spec_by_kind
+from ..ir.opspec import attrs_from_json, attrs_key, spec_by_kind
+from ..ir.shapes import TensorShape
 
 EW_FUNCS = ("Abs", "Ceil", "Cos", "Erf", "Exp", "Floor", "Gelu", "Log", "Not", "Reciprocal", "Sigmoid",
             "Sign", "Sin", "Softplus", "Sqrt", "Tanh")
@@ -429,20 +431,16 @@ def _gather(ax, t, ids):
 
 def conv_config(attrs: Any) -> int:
     """The ``cfg`` integer that names a Conv's attributes in terms (reversible, see :func:`conv_attrs`)."""
-    from ..ir.opspec import attrs_key
 
     return int.from_bytes(attrs_key(attrs).encode(), "big")
 
 
 def conv_attrs(cfg: int) -> Any:
-    import json
-
     return attrs_from_json(json.loads(cfg.to_bytes((cfg.bit_length() + 7) // 8, "big").decode()))
 
 
 def conv_reference(attrs: Any, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """ONNX Conv (no bias) by summing over kernel offsets; exact on integers."""
-    from ..ir.shapes import TensorShape
 
     try:
         (out_shape,) = spec_by_kind("Conv").infer(attrs, [TensorShape(x.shape), TensorShape(w.shape)])

@@ -11,7 +11,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from .axioms import axioms_hash
 from .rule import Rule, RuleError, RuleSet, load_rules
+from .verify import verify_rule
 
 PACKAGE_RULES = Path(__file__).resolve().parents[1] / "data" / "rules.json"
 REPO_RULES = Path(__file__).resolve().parents[2] / "substitutions" / "rules.json"
@@ -33,7 +35,6 @@ def load_cache(path: str | os.PathLike | None = None, check_axioms: bool = True)
         raise RuleError(f"{p}: a rule cache needs its content_hash and every rule's id, and this one lacks "
                         "them (edited by hand?): regenerate it with 'unity verify-rules'")
     if check_axioms:
-        from .axioms import axioms_hash
 
         current = axioms_hash()
         if rules.axioms_hash != current:
@@ -54,7 +55,6 @@ def prove_applied(rules: RuleSet, rule_ids: Iterable[str], source: str | os.Path
     plan is written: a cache edited so that a wrong rule keeps matching ids and hashes is
     caught here. Returns the distinct ids proved, in order; a RuleError names a rule that
     does not prove (or is not in the cache)."""
-    from .verify import verify_rule  # noqa: PLC0415  (z3: only when a plan applies rules)
 
     wanted = list(dict.fromkeys(rule_ids))
     found: dict[str, Rule] = {r.id: r for r in rules.rules if r.id in wanted}

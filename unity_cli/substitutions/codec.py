@@ -8,12 +8,14 @@ replicas by ``dim = "copy"``; parallel degrees may be parameters. ``to_pattern``
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ShapeError
 from ..ir.ops.parallel import REPLICA_DIM
-from ..ir.opspec import spec_by_kind, spec_of
+from ..ir.ops.sources import InputAttrs
+from ..ir.opspec import _typed, spec_by_kind, spec_of
 from ..ir.pcg import PCG, GraphBuilder, TensorRef
 from ..ir.shapes import ParallelTensorShape
 from .rule import AttrValue, Param, Pattern, PatternNode
@@ -96,10 +98,6 @@ def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], bindi
 
 
 def _retyped(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
-    import typing
-
-    from ..ir.opspec import _typed
-
     hints = typing.get_type_hints(cls)
     out = {}
     for k, v in kwargs.items():
@@ -154,7 +152,6 @@ def instantiate(pattern: Pattern, b: GraphBuilder, inputs: Mapping[str, TensorRe
 def build_side(pattern: Pattern, input_shapes: Mapping[str, ParallelTensorShape],
                binding: Mapping[str, int]) -> PCG:
     """A standalone PCG of one side of a rule over Input nodes of the given shapes."""
-    from ..ir.ops.sources import InputAttrs
 
     b = GraphBuilder()
     refs = {}

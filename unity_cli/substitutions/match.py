@@ -16,7 +16,7 @@ from ..ir.pcg import PCG, GraphBuilder, TensorRef
 from ..ir.simplify import prune
 from ..ir.validate import problems
 from .codec import instantiate, matches_attrs
-from .rule import Constraint, Rule
+from .rule import Constraint, Param, Rule
 
 
 class RewriteError(ShapeError):
@@ -205,8 +205,6 @@ def free_params(rule: Rule) -> tuple[str, ...]:
 
 
 def _params(v) -> list[str]:
-    from .rule import Param
-
     if isinstance(v, Param):
         return [v.name]
     if isinstance(v, tuple):

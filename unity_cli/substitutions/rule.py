@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import UnityError
 from ..files import write_atomic
+from ..ir.opspec import _REGISTRY
 from ..jsonfile import parse_json, read_bytes
 
 
@@ -212,7 +213,6 @@ def _operand(v: Any) -> Any:
 
 def check_rule(rule: Rule, where: str = "rule") -> None:
     """Structural sanity: names defined before use, outputs that exist, params declared."""
-    from ..ir.opspec import _REGISTRY
 
     for side, p in (("src", rule.src), ("dst", rule.dst)):
         known = set(rule.inputs)

@@ -8,8 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .axioms import axioms_hash
 from .cache import default_output_path
-from .rule import Pattern, Rule, RuleSet, load_rules
+from .generator import GeneratorSettings, generate
+from .parallel_rules import PARALLEL_RULES
+from .rule import Param, Pattern, Rule, RuleSet, load_rules
+from .verify import verify_all
 
 ProgressFn = Callable[[int, int], None]
 
@@ -71,8 +75,6 @@ def pretty(p: Pattern, inputs: Sequence[str] = ()) -> str:
 
 
 def _fmt(v: Any) -> str:
-    from .rule import Param
-
     if isinstance(v, Param):
         return v.name
     if isinstance(v, tuple):
@@ -88,11 +90,6 @@ def named(rule: Rule) -> Rule:
 
 
 def regenerate(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int, progress: ProgressFn) -> Report:
-    from .axioms import axioms_hash
-    from .generator import GeneratorSettings, generate
-    from .parallel_rules import PARALLEL_RULES
-    from .verify import verify_all
-
     t0 = time.monotonic()
     settings = GeneratorSettings(max_ops=max_ops)
     gen = generate(settings, progress=progress)
@@ -117,8 +114,6 @@ def regenerate(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int, p
 
 
 def check_file(path: str, timeout_ms: int, jobs: int, progress: ProgressFn) -> Report:
-    from .verify import verify_all
-
     t0 = time.monotonic()
     rules = load_rules(path).rules
     verdicts = verify_all(list(rules), timeout_ms, jobs=jobs, progress=progress)

@@ -42,16 +42,19 @@ from enum import Enum
 
 import numpy as np
 
-from ..cluster.machine_view import MachineView
 from ..errors import PlanError
-from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, ReplicateAttrs, reduces_copies
-from ..ir.ops.sources import WeightAttrs
-from ..ir.pcg import PCG, TensorRef
-from ..ir.pieces import Coord, coords, piece_region, task_inputs, with_axis
-from ..ir.shapes import ParallelTensorShape
+from .machine_view import MachineView
+from .ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, ReplicateAttrs, reduces_copies
+from .ops.sources import WeightAttrs
+from .pcg import PCG, TensorRef
+from .pieces import Coord, coords, piece_region, task_inputs, with_axis
+from .shapes import ParallelTensorShape
 
 LOCAL = -1
 """A read's source for data and constants: every rank makes the piece it reads itself."""
+
+LOSS_VALUE_BYTES = 8
+"""The loss value every rank adds to the all-reduce of the step's loss (a float64)."""
 
 Group = tuple[int, ...]
 Region = tuple[slice, ...]

@@ -17,8 +17,8 @@ NCCL for cupy); each is fitted as ``alpha + beta * bytes`` by least squares on r
 error. Every rank measures compute too (as under ``unity run``, where every rank
 computes at once); rank 0 alone writes the file.
 
-This module sits on top of the stack, like the CLI: it builds plans' graphs (importer,
-baselines) to know what to measure. The cost model reads only the DB (``profile.py``).
+This package sits on top of the stack, like the CLI: it builds plans' graphs (importer,
+baselines) to know what to measure. The cost model reads only the DB (``cost/profile.py``).
 """
 from __future__ import annotations
 
@@ -34,7 +34,11 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..cluster.collectives import Collective
 from ..cluster.spec import ClusterSpec, DeviceKind, DeviceType
+from ..cost.comm import INTER_NODE, INTRA_NODE
+from ..cost.compute import as_compute_dtype, roofline
+from ..cost.profile import FORMAT, Profile, fit_alpha_beta, piece_key
 from ..errors import ProfileError, UnityError, UsageError
 from ..ir.dtypes import DType
 from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
@@ -44,10 +48,15 @@ from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
 from ..ir.shapes import TensorShape
+from ..onnx_import import ImportOptions, import_model
+from ..plan.plan import load_plan
+from ..runtime.calibrate import dispatch_seconds, update_and_loss_seconds
+from ..runtime.comm import make_comm, mpi
+from ..runtime.device import array_module
+from ..runtime.kernels import backward, forward
 from ..runtime.threads import THREAD_VARS
-from .comm import INTER_NODE, INTRA_NODE, Collective
-from .compute import as_compute_dtype, roofline
-from .profile import FORMAT, Profile, fit_alpha_beta, piece_key
+from ..runtime.train import RunOptions, setup_job
+from ..search.baselines import STRATEGIES
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "HYDI_CONTROL_FD", "PMIX_RANK", "MPI_LOCALNRANKS")
 """Variables an MPI launcher (MPICH's hydra, Open MPI, PMIx) sets in every rank."""
@@ -165,10 +174,6 @@ def plan_graphs(models: Sequence[str], cluster: ClusterSpec, batch_size: int | N
                 plans: Sequence[str] = ()) -> list[PCG]:
     """The graphs whose pieces to measure: each model's plain graph and its baselines on
     ``cluster`` (a baseline that does not apply to a model is left out), and saved plans."""
-    from ..onnx_import import ImportOptions, import_model  # noqa: PLC0415  (see the module docstring)
-    from ..plan.plan import load_plan  # noqa: PLC0415
-    from ..search.baselines import STRATEGIES  # noqa: PLC0415
-
     out: list[PCG] = []
     for m in models:
         pcg = import_model(m, ImportOptions(batch_size, {})).pcg
@@ -253,8 +258,6 @@ def cupy_backend(rank: int = 0) -> Backend:
 
 def pick_backend(name: str = "auto", rank: int = 0) -> Backend:
     """``numpy``, ``cupy``, or ``auto`` (cupy if it imports and sees a GPU), as ``unity run`` picks."""
-    from ..runtime.device import array_module  # noqa: PLC0415
-
     return cupy_backend(rank) if array_module(name, rank)[0] == "cupy" else numpy_backend()
 
 
@@ -336,8 +339,6 @@ def make_inputs(piece: Piece, xp: Any, rng: np.random.Generator) -> list[Any]:
 def time_piece(piece: Piece, backend: Backend, policy: TimingPolicy, rng: np.random.Generator,
                deadline: float) -> tuple[float, float, int]:
     """Median forward and backward seconds of a piece, and the repeats they come from."""
-    from ..runtime.kernels import backward, forward  # noqa: PLC0415  (the runtime's own kernels)
-
     xp = backend.xp
     xs = make_inputs(piece, xp, rng)
     grads = [xp.asarray(rng.standard_normal(s.dims).astype(s.dtype.numpy)) if s.dtype.is_float else None
@@ -401,9 +402,6 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
     kernel runs slower among its neighbours than in a loop on warm inputs. The dispatch the
     cost model adds back is taken out. Plans for another rank count are skipped; every
     rank returns every rank's entries (the median where ranks measured the same piece)."""
-    from ..runtime.comm import mpi  # noqa: PLC0415  (imports mpi4py)
-    from ..runtime.train import RunOptions, setup_job  # noqa: PLC0415
-
     world = mpi().COMM_WORLD
     samples: dict[str, tuple[str, list[float], list[float]]] = {}
     roofs: dict[str, dict[str, float]] = {}
@@ -532,8 +530,6 @@ def _world_comm(backend: Backend) -> Any | None:
     """The runtime's communicator over every rank, if an MPI launcher started two or more."""
     if not launched_by_mpi():
         return None
-    from ..runtime.comm import make_comm, mpi  # noqa: PLC0415  (imports mpi4py: only under a launcher)
-
     if mpi().COMM_WORLD.Get_size() < 2:
         return None
     return make_comm(backend.name)
@@ -546,8 +542,6 @@ def _world_comm(backend: Backend) -> Any | None:
 def measure_overheads(backend: Backend) -> tuple[float, dict[str, float], float] | None:
     """The runtime's dispatch per task, fixed cost per optimizer update and per loss (see
     ``runtime/calibrate.py``); None where the runtime cannot run here."""
-    from ..runtime.calibrate import dispatch_seconds, update_and_loss_seconds
-
     try:
         return (dispatch_seconds(backend.name, backend.xp), *update_and_loss_seconds(backend.name, backend.xp))
     except UnityError:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import ShapeError
-from ..ir.shapes import ParallelTensorShape
+from .shapes import ParallelTensorShape
 
 
 def parallel_axes(shape: ParallelTensorShape) -> tuple[int, ...]:
