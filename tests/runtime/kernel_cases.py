@@ -14,7 +14,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from unity_cli.ir.ops.elementwise import ScaleAttrs, UnaryAttrs
+from unity_cli.ir.ops.elementwise import ATTRIBUTE_VARIANTS, ScaleAttrs, UnaryAttrs
+from unity_cli.ir.ops.unary import UNARY
 from unity_cli.onnx_import import ImportedModel, ImportOptions, import_model_proto
 
 
@@ -130,16 +131,17 @@ def _lrn(x: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> np
     return (x / (bias + alpha / size * sq) ** beta).astype(x.dtype)
 
 
-UNARY_INPUTS = {"Log": pos, "Sqrt": pos, "Reciprocal": pos, "Relu": away, "Abs": away, "Sign": away,
-                "Ceil": away, "Floor": away}
+UNARY_INPUTS = {"positive": pos, "away": away, "any": f}
 UNARY_OPSET = {"Gelu": 20}
+ONNX_UNARY = sorted(fn for fn, d in UNARY.items() if not d.boolean and fn not in ATTRIBUTE_VARIANTS
+                    and fn != "Identity")   # (Identity imports as an alias: it has a direct case)
+"""Every unary function that is an ONNX op of its own, from the registry."""
 
 
 def _cases() -> list[Case]:
     c: list[Case] = []
-    for fn in ("Abs", "Ceil", "Cos", "Dropout", "Erf", "Exp", "Floor", "Gelu", "Log", "Neg", "Reciprocal",
-               "Relu", "Sigmoid", "Sign", "Sin", "Softplus", "Sqrt", "Tanh"):
-        c.append(Case(f"unary_{fn}", fn, [UNARY_INPUTS.get(fn, f)(3, 4)], opset=UNARY_OPSET.get(fn, 18)))
+    for fn in ONNX_UNARY:
+        c.append(Case(f"unary_{fn}", fn, [UNARY_INPUTS[UNARY[fn].domain](3, 4)], opset=UNARY_OPSET.get(fn, 18)))
     c.append(Case("unary_Sigmoid_wide", "Sigmoid", [f(4, 5, lo=-40, hi=40)]))
     c.append(Case("unary_Softplus_wide", "Softplus", [f(4, 5, lo=-40, hi=40)]))
     c.append(Case("unary_Gelu_wide", "Gelu", [f(4, 5, lo=-8, hi=8)], opset=20))

@@ -7,9 +7,9 @@ import pytest
 import z3
 
 from unity_cli.ir.ops.conv import ConvAttrs
+from unity_cli.ir.ops.unary import EW_FUNCS
 from unity_cli.substitutions.axioms import (
     AXIOMS,
-    EW_FUNCS,
     Axiom,
     IllTyped,
     Law,

@@ -28,7 +28,6 @@ import functools
 import hashlib
 import itertools
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,12 +36,9 @@ import numpy as np
 import z3
 
 from ..errors import ShapeError
+from ..ir.ops.unary import EW_FUNCS, UNARY
 from ..ir.opspec import attrs_from_json, attrs_key, spec_by_kind
 from ..ir.shapes import TensorShape
-
-EW_FUNCS = ("Abs", "Ceil", "Cos", "Erf", "Exp", "Floor", "Gelu", "Log", "Not", "Reciprocal", "Sigmoid",
-            "Sign", "Sin", "Softplus", "Sqrt", "Tanh")
-"""Unary elementwise functions without axioms of their own: ``ew(code, x)``, code = index here."""
 
 
 class IllTyped(ShapeError):
@@ -464,19 +460,9 @@ def conv_reference(attrs: Any, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-EW_NUMPY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Abs": np.abs, "Ceil": np.ceil, "Cos": np.cos, "Erf": _erf, "Exp": np.exp, "Floor": np.floor,
-    "Gelu": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))), "Log": np.log, "Not": np.logical_not,
-    "Reciprocal": lambda x: 1 / x, "Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Sign": np.sign, "Sin": np.sin,
-    "Softplus": lambda x: np.log1p(np.exp(x)), "Sqrt": np.sqrt, "Tanh": np.tanh,
-}
-if set(EW_NUMPY) != set(EW_FUNCS):
-    raise RuntimeError("every elementwise function needs a numpy model")
-
-
 def _ew(code, x):
-    return EW_NUMPY[EW_FUNCS[code]](x)
+    """A pointwise function's numpy model: its own definition (``ir/ops/unary.py``)."""
+    return UNARY[EW_FUNCS[code]].forward(x, np)
 
 
 def _elementwise(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable:

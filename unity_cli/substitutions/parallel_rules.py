@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..ir.ops.unary import UNARY
 from .rule import AttrValue, Constraint, Param, Pattern, PatternNode, Rule
 
 D = Param("d")
@@ -175,7 +176,7 @@ def _embedding_rules() -> list[Rule]:
 def _elementwise_rules() -> list[Rule]:
     out = []
     for axis in (-1, -2):
-        for fn in ("Relu", "Tanh", "Sigmoid", "Gelu", "Erf"):
+        for fn in (name for name, f in UNARY.items() if f.activation):
             out.append(make_rule(
                 f"{fn.lower()}-through-repartition{axis}", ("x",), unary(fn, repartition("x", axis)),
                 repartition(unary(fn, "x"), axis),

@@ -12,23 +12,18 @@ from typing import Any
 import numpy as np
 
 from ..ir.ops.parallel import reduces_copies
+from ..ir.ops.unary import UNARY
 from ..ir.pcg import PCG
 
 Kernel = Callable[[Any, Sequence[np.ndarray]], list[np.ndarray]]
 
-_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Relu": lambda x: np.maximum(x, 0), "Neg": np.negative, "Identity": lambda x: x, "Dropout": lambda x: x,
-    "Abs": np.abs, "Tanh": np.tanh, "Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Exp": np.exp, "Sqrt": np.sqrt,
-}
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Max": np.maximum, "Min": np.minimum,
 }
 
 
 def _unary(a, x):
-    if a.fn not in _UNARY:
-        raise NotImplementedError(f"no reference kernel for {a.fn}")
-    return [_UNARY[a.fn](x[0])]
+    return [UNARY[a.fn].forward(x[0], np)]
 
 
 def _binary(a, x):

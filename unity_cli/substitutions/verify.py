@@ -32,13 +32,13 @@ import z3
 
 from ..errors import ShapeError, UnityError
 from ..ir.dtypes import DType
-from ..ir.ops.elementwise import LINEAR_UNARY
 from ..ir.ops.parallel import reduces_copies
 from ..ir.ops.sources import InputAttrs
+from ..ir.ops.unary import EW_FUNCS, UNARY
 from ..ir.opspec import attrs_key
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape, TensorShape
-from .axioms import EW_FUNCS, Signature, axioms_for, conv_config, evaluate_term, function_symbols, signature
+from .axioms import Signature, axioms_for, conv_config, evaluate_term, function_symbols, signature
 from .codec import AXIS_FIELDS, from_pattern
 from .rule import Constraint, Pattern, Rule
 from .semantics import evaluate
@@ -470,13 +470,13 @@ def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorS
     match n.kind:
         case "MatMul" if min(ins[0].rank, ins[1].rank) >= 2 and ins[0].sizes[:-2] == ins[1].sizes[:-2]:
             return [s.matmul(x[0], x[1])]
-        case "Unary" if a.fn == "Relu":
+        case "Unary" if UNARY[a.fn].verifier == "relu":
             return [s.relu(x[0])]
-        case "Unary" if a.fn == "Neg":
+        case "Unary" if UNARY[a.fn].verifier == "negate":
             return [s.scale(-1, x[0])]
-        case "Unary" if a.fn in LINEAR_UNARY:  # Identity, Dropout (inference mode)
+        case "Unary" if UNARY[a.fn].verifier == "identity":   # Identity, Dropout (inference mode)
             return [x[0]]
-        case "Unary" if a.fn in EW_FUNCS:
+        case "Unary" if UNARY[a.fn].verifier == "pointwise":
             return [s.ew(EW_FUNCS.index(a.fn), x[0])]
         case "Binary" if a.fn in ("Add", "Sum", "Sub", "Mul"):
             if a.fn == "Sub":

@@ -15,6 +15,7 @@ from ..dtypes import DType
 from ..opspec import Imported, OpSpec, register
 from ..shapes import TensorShape
 from .common import broadcast_dims, broadcast_roles, need_inputs, streaming_cost
+from .unary import UNARY
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +42,7 @@ class WhereAttrs:
     pass
 
 
-# Rough flops per element for the transcendental ones (a cost-model input, not semantics).
-UNARY_FLOPS = {"Relu": 1, "Erf": 20, "Tanh": 20, "Sigmoid": 8, "Sqrt": 4, "Exp": 8, "Log": 8,
-               "Neg": 1, "Abs": 1, "Reciprocal": 4, "Dropout": 2, "Identity": 0, "Softplus": 12,
-               "Gelu": 24, "GeluTanh": 20, "Floor": 1, "Ceil": 1, "Sin": 20, "Cos": 20, "Not": 1, "Sign": 1,
-               "IsNaN": 1, "IsInf": 1, "IsPosInf": 1, "IsNegInf": 1, "IsInfNeither": 0}
-LINEAR_UNARY = {"Neg", "Identity", "Dropout"}
+LINEAR_UNARY = frozenset(name for name, f in UNARY.items() if f.linear)
 BINARY_TERMS = {"Add": "sum", "Sub": "sum", "Sum": "sum", "Mul": "product", "Div": "numerator",
                 "Pow": "none", "Max": "none", "Min": "none", "Equal": "none", "Less": "none",
                 "Greater": "none", "And": "none", "Or": "none", "Mod": "none", "Fmod": "none",
@@ -58,7 +54,7 @@ IS_INF = {(1, 1): "IsInf", (1, 0): "IsPosInf", (0, 1): "IsNegInf", (0, 0): "IsIn
 ATTRIBUTE_VARIANTS = frozenset(FROM_ATTRIBUTE) | (frozenset(IS_INF.values()) - {"IsInf"})
 """Fns that are an ONNX op with a given attribute, not an ONNX op of their own."""
 COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"}
-BOOL_UNARY = {"Not", "IsNaN"} | set(IS_INF.values())
+BOOL_UNARY = frozenset(name for name, f in UNARY.items() if f.boolean)
 """Unary fns with a boolean output."""
 
 
@@ -78,7 +74,7 @@ def _fn(node) -> str:
 class Unary(OpSpec):
     kind = "Unary"
     attrs_type = UnaryAttrs
-    onnx_ops = tuple(sorted(set(UNARY_FLOPS) - ATTRIBUTE_VARIANTS))
+    onnx_ops = tuple(sorted(set(UNARY) - ATTRIBUTE_VARIANTS))
 
     def from_onnx(self, node) -> Imported:
         # Dropout at export is inference-mode (identity); its ratio/training inputs are dropped.
@@ -98,7 +94,7 @@ class Unary(OpSpec):
         return ((0,),) if attrs.fn in LINEAR_UNARY else ()
 
     def cost(self, attrs, inputs, outputs):
-        return streaming_cost(inputs, outputs, UNARY_FLOPS[attrs.fn])
+        return streaming_cost(inputs, outputs, UNARY[attrs.fn].flops)
 
 
 @register

@@ -1,0 +1,63 @@
+"""The unary elementwise functions' one table (``ir/ops/unary.py``) is complete: every
+entry has a cost, a meaning, a gradient that its meaning agrees with (or none, for a step
+function or a test), and a verifier treatment or a stated reason for being opaque; the
+operator, the kernels, the reference semantics and the verifier all read it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unity_cli.ir.ops.elementwise import ATTRIBUTE_VARIANTS, Unary, UnaryAttrs
+from unity_cli.ir.ops.unary import EW_FUNCS, UNARY, VERIFIER
+from unity_cli.runtime.kernels.elementwise import unary_backward, unary_forward
+from unity_cli.substitutions.axioms import MODEL
+from unity_cli.substitutions.semantics import KERNELS
+
+SAMPLES = {"any": (-2.0, 2.0), "positive": (0.5, 3.0), "away": (0.3, 2.0)}
+
+
+def _x(fn: str, rng: np.random.Generator) -> np.ndarray:
+    lo, hi = SAMPLES[UNARY[fn].domain]
+    x = rng.uniform(lo, hi, size=(3, 5))
+    return x * rng.choice([-1, 1], size=x.shape) if UNARY[fn].domain == "away" else x
+
+
+@pytest.mark.parametrize("fn", sorted(UNARY))
+def test_each_function_is_whole(fn):
+    f = UNARY[fn]
+    assert f.flops >= 0
+    assert f.verifier in VERIFIER or len(f.verifier) > 20        # a treatment, or the reason it is opaque
+    if f.boolean:
+        assert f.backward is None
+    assert fn in Unary.onnx_ops or fn in ATTRIBUTE_VARIANTS      # the importer reads every one
+    x = _x(fn, np.random.default_rng(0)).astype(bool if fn == "Not" else np.float64)
+    (y,), ctx = unary_forward(UnaryAttrs(fn), [x], np)
+    assert y.shape == x.shape
+    np.testing.assert_array_equal(KERNELS["Unary"](UnaryAttrs(fn), [x])[0], y)   # semantics: the same definition
+    if f.verifier == "pointwise":
+        np.testing.assert_array_equal(MODEL["ew"](EW_FUNCS.index(fn), x), y)     # the verifier's model too
+
+
+@pytest.mark.parametrize("fn", sorted(n for n, f in UNARY.items() if f.backward is not None))
+def test_each_gradient_agrees_with_its_function(fn):
+    """Central differences in float64 against the declared backward."""
+    x = _x(fn, np.random.default_rng(1))
+    g = np.random.default_rng(2).normal(size=x.shape)
+    _, ctx = unary_forward(UnaryAttrs(fn), [x], np)
+    (dx,) = unary_backward(UnaryAttrs(fn), ctx, [g], np)
+    h = 1e-6
+    up, down = UNARY[fn].forward(x + h, np), UNARY[fn].forward(x - h, np)
+    np.testing.assert_allclose(dx, g * (up - down) / (2 * h), rtol=1e-5, atol=1e-7)
+
+
+def test_the_verifier_codes_are_the_pointwise_functions():
+    assert EW_FUNCS == tuple(sorted(n for n, f in UNARY.items() if f.verifier == "pointwise"))
+    assert {n for n, f in UNARY.items() if f.opaque} >= {"IsNaN", "IsInf"}
+
+
+def test_a_wrong_gradient_would_be_caught():
+    """The finite-difference check above can fail: Tanh's gradient with y for 1 - y^2 does."""
+    x = _x("Tanh", np.random.default_rng(1))
+    wrong = np.tanh(x)
+    h = 1e-6
+    assert not np.allclose(wrong, (np.tanh(x + h) - np.tanh(x - h)) / (2 * h), rtol=1e-5, atol=1e-7)
