@@ -149,6 +149,7 @@ UNARY: dict[str, UnaryFn] = {
     "Reciprocal": UnaryFn(4, lambda x, xp: 1 / x, lambda x, y, g, xp: -g * y * y, domain="positive"),
     "Softplus": UnaryFn(12, lambda x, xp: xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x))),
                         lambda x, y, g, xp: g * _sigmoid(x, xp)),
+    "Softsign": UnaryFn(3, lambda x, xp: x / (1 + xp.abs(x)), lambda x, y, g, xp: g / ((1 + xp.abs(x)) ** 2)),
     "Sin": UnaryFn(20, lambda x, xp: xp.sin(x), lambda x, y, g, xp: g * xp.cos(x)),
     "Cos": UnaryFn(20, lambda x, xp: xp.cos(x), lambda x, y, g, xp: -g * xp.sin(x)),
     "Identity": UnaryFn(0, lambda x, xp: x, lambda x, y, g, xp: g, "identity"),
