@@ -1,0 +1,85 @@
+"""Each kind's cost, pinned on a few shapes, from first principles: flops are the
+arithmetic a textbook kernel does (a multiply-add is 2), bytes are what it reads and writes
+once (float32: 4 bytes, int64: 8). A change to a cost model shows here, with the formula
+it broke."""
+from __future__ import annotations
+
+import pytest
+
+from unity_cli.ir.dtypes import DType
+from unity_cli.ir.ops.conv import ConvAttrs
+from unity_cli.ir.ops.elementwise import BinaryAttrs, UnaryAttrs
+from unity_cli.ir.ops.gather_reduce import GatherAttrs, ReduceAttrs
+from unity_cli.ir.ops.linear import GemmAttrs, MatMulAttrs
+from unity_cli.ir.ops.norm import LayerNormAttrs, SoftmaxAttrs
+from unity_cli.ir.ops.shape_ops import ConcatAttrs, ReshapeAttrs, TransposeAttrs
+from unity_cli.ir.ops.unary import UNARY
+from unity_cli.ir.opspec import OpCost, spec_of
+from unity_cli.ir.shapes import TensorShape
+
+
+def T(*dims: int, dtype: DType = DType.FLOAT32) -> TensorShape:
+    return TensorShape(dims, dtype)
+
+
+def cost(attrs, *inputs: TensorShape) -> OpCost:
+    spec = spec_of(attrs)
+    return spec.cost(attrs, inputs, spec.infer(attrs, inputs))
+
+
+def test_matmul_and_batched_matmul():
+    # [8,16] @ [16,32]: 8*32 outputs of 16 multiply-adds; reads both, writes the output.
+    a, b, y = 8 * 16 * 4, 16 * 32 * 4, 8 * 32 * 4
+    # Backward is two GEMMs of the forward's size (dA = dY B^T, dB = A^T dY), each gradient
+    # accumulated into its buffer (read and written once more).
+    assert cost(MatMulAttrs(), T(8, 16), T(16, 32)) == OpCost(2 * 8 * 32 * 16, a + b + y, 2 * 2 * 8 * 32 * 16,
+                                                              2 * (a + b + y) + a + b)
+    # [2,4,8,16] @ [2,4,16,8]: 8 batches of an 8x16 @ 16x8.
+    c = cost(MatMulAttrs(), T(2, 4, 8, 16), T(2, 4, 16, 8))
+    assert (c.fwd_flops, c.fwd_bytes) == (2 * 8 * (8 * 8 * 16), 4 * (2 * 8 * 8 * 16 + 8 * 8 * 8))
+
+
+def test_gemm_with_its_bias():
+    # [8,16] x [32,16]^T + b[32]: the product, then one add per output.
+    moved = 4 * (8 * 16 + 32 * 16 + 32 + 8 * 32)
+    flops = 2 * 8 * 16 * 32 + 8 * 32
+    assert cost(GemmAttrs(trans_b=True), T(8, 16), T(32, 16), T(32)) == OpCost(flops, moved, 2 * flops, 2 * moved)
+
+
+def test_conv():
+    # 2x3x8x8 with 4 filters of 3x3x3, pad 1: 2*4*8*8 outputs of 27 multiply-adds.
+    x, w, y = 4 * 2 * 3 * 8 * 8, 4 * 4 * 3 * 3 * 3, 4 * 2 * 4 * 8 * 8
+    flops = 2 * (2 * 4 * 8 * 8) * 27
+    assert cost(ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), T(2, 3, 8, 8), T(4, 3, 3, 3)) == \
+        OpCost(flops, x + w + y, 2 * flops, 2 * (x + w + y) + x + w)
+
+
+@pytest.mark.parametrize("fn", ["Relu", "Gelu", "Sigmoid", "Softsign"])
+def test_unary_streams_once(fn):
+    # Reads and writes 32 floats; its declared flops per element; backward twice of each.
+    n = 4 * 8
+    assert cost(UnaryAttrs(fn), T(4, 8)) == OpCost(UNARY[fn].flops * n, 8 * n, 2 * UNARY[fn].flops * n, 16 * n)
+
+
+def test_a_broadcast_add_reads_the_small_operand_once():
+    assert cost(BinaryAttrs("Add"), T(4, 8), T(8)) == OpCost(32, 4 * (32 + 8 + 32), 64, 2 * 4 * (32 + 8 + 32))
+
+
+def test_softmax_and_layernorm():
+    assert cost(SoftmaxAttrs(1), T(4, 8)) == OpCost(10 * 32, 4 * 64, 20 * 32, 8 * 64)
+    # (LayerNorm's scale and bias, 2 x 8 floats, are not counted: a tenth of its bytes here.)
+    assert cost(LayerNormAttrs(1), T(4, 8), T(8), T(8)) == OpCost(8 * 32, 4 * 64, 20 * 32, 4 * 160)
+
+
+def test_gather_reads_only_the_rows_it_takes():
+    # 20 ids (int64) into a 100x16 table: reads 20 rows, not the table; writes 20 rows.
+    rows = 20 * 16 * 4
+    assert cost(GatherAttrs(0), T(100, 16), T(4, 5, dtype=DType.INT64)) == \
+        OpCost(0, rows + 20 * 8 + rows, 20 * 16, 2 * (rows + 20 * 8 + rows))
+
+
+def test_reduce_and_data_movement():
+    assert cost(ReduceAttrs("mean", (1,)), T(4, 8)) == OpCost(32, 4 * (32 + 4), 64, 8 * (32 + 4))
+    assert cost(TransposeAttrs((1, 0)), T(4, 8)) == OpCost(0, 4 * 64, 0, 4 * 64)
+    assert cost(ConcatAttrs(1), T(4, 8), T(4, 8)) == OpCost(0, 4 * 128, 0, 4 * 128)
+    assert cost(ReshapeAttrs((8, 4)), T(4, 8)) == OpCost(0, 0, 0, 0, kernels=0)   # a view: no kernel
