@@ -6,30 +6,26 @@ and exact on integer inputs, so fingerprints of equal graphs agree bit for bit.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..ir.ops.binary import BINARY
 from ..ir.ops.parallel import reduces_copies
 from ..ir.ops.unary import UNARY
 from ..ir.pcg import PCG
 
 Kernel = Callable[[Any, Sequence[np.ndarray]], list[np.ndarray]]
 
-_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Max": np.maximum, "Min": np.minimum,
-}
-
-
 def _unary(a, x):
     return [UNARY[a.fn].forward(x[0], np)]
 
 
 def _binary(a, x):
-    if a.fn == "Sum":
-        return [sum(x[1:], x[0])]
-    return [_BINARY[a.fn](x[0], x[1])]
+    f = BINARY[a.fn].forward
+    return [functools.reduce(lambda y, b: f(y, b, np), x[1:], x[0])]
 
 
 KERNELS: dict[str, Kernel] = {

@@ -32,6 +32,7 @@ import z3
 
 from ..errors import ShapeError, UnityError
 from ..ir.dtypes import DType
+from ..ir.ops.binary import BINARY
 from ..ir.ops.parallel import reduces_copies
 from ..ir.ops.sources import InputAttrs
 from ..ir.ops.unary import EW_FUNCS, UNARY
@@ -478,10 +479,11 @@ def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorS
             return [x[0]]
         case "Unary" if UNARY[a.fn].verifier == "pointwise":
             return [s.ew(EW_FUNCS.index(a.fn), x[0])]
-        case "Binary" if a.fn in ("Add", "Sum", "Sub", "Mul"):
-            if a.fn == "Sub":
+        case "Binary" if not BINARY[a.fn].opaque:
+            how = BINARY[a.fn].verifier
+            if how == "subtract":
                 x = [x[0], s.scale(-1, x[1])]
-            f = (s.mul if a.fn == "Mul" else s.add) if same else (s.bmul if a.fn == "Mul" else s.badd)
+            f = (s.mul if how == "multiply" else s.add) if same else (s.bmul if how == "multiply" else s.badd)
             return [functools.reduce(f, x)]
         case "Scale":
             return [s.scale(a.factor, x[0])]

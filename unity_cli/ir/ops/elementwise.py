@@ -14,6 +14,7 @@ from ...errors import ShapeError
 from ..dtypes import DType
 from ..opspec import Imported, OpSpec, register
 from ..shapes import TensorShape
+from .binary import BINARY
 from .common import broadcast_dims, broadcast_roles, need_inputs, streaming_cost
 from .unary import UNARY
 
@@ -43,17 +44,12 @@ class WhereAttrs:
 
 
 LINEAR_UNARY = frozenset(name for name, f in UNARY.items() if f.linear)
-BINARY_TERMS = {"Add": "sum", "Sub": "sum", "Sum": "sum", "Mul": "product", "Div": "numerator",
-                "Pow": "none", "Max": "none", "Min": "none", "Equal": "none", "Less": "none",
-                "Greater": "none", "And": "none", "Or": "none", "Mod": "none", "Fmod": "none",
-                "LessOrEqual": "none", "GreaterOrEqual": "none"}
 # Unary/Binary fns that are an ONNX op with a given attribute, not an op of their own.
 FROM_ATTRIBUTE = {"GeluTanh": ("Gelu", "approximate", "tanh"), "Fmod": ("Mod", "fmod", 1)}
 # IsInf's two flags (detect_positive, detect_negative; both default 1) select one of four fns.
 IS_INF = {(1, 1): "IsInf", (1, 0): "IsPosInf", (0, 1): "IsNegInf", (0, 0): "IsInfNeither"}
 ATTRIBUTE_VARIANTS = frozenset(FROM_ATTRIBUTE) | (frozenset(IS_INF.values()) - {"IsInf"})
 """Fns that are an ONNX op with a given attribute, not an ONNX op of their own."""
-COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"}
 BOOL_UNARY = frozenset(name for name, f in UNARY.items() if f.boolean)
 """Unary fns with a boolean output."""
 
@@ -121,19 +117,19 @@ class Cast(OpSpec):
 class Binary(OpSpec):
     kind = "Binary"
     attrs_type = BinaryAttrs
-    onnx_ops = tuple(sorted(set(BINARY_TERMS) - set(FROM_ATTRIBUTE)))
+    onnx_ops = tuple(sorted(set(BINARY) - set(FROM_ATTRIBUTE)))
 
     def from_onnx(self, node) -> Imported:
         return Imported(BinaryAttrs(_fn(node)), tuple(range(len(node.inputs))))
 
     def infer(self, attrs, inputs):
-        if attrs.fn in ("Sum", "Max", "Min"):
+        if BINARY[attrs.fn].variadic:
             need_inputs(attrs.fn, inputs, 1, 64)
         else:
             need_inputs(attrs.fn, inputs, 2)
         if attrs.fn != "Pow" and len({s.dtype for s in inputs}) > 1:
             raise ShapeError(f"{attrs.fn}: inputs have different types {[s.dtype.value for s in inputs]}")
-        dtype = DType.BOOL if attrs.fn in COMPARISONS else inputs[0].dtype
+        dtype = DType.BOOL if BINARY[attrs.fn].boolean else inputs[0].dtype
         return (TensorShape(broadcast_dims(attrs.fn, inputs), dtype),)
 
     def roles(self, attrs, inputs):
@@ -141,10 +137,10 @@ class Binary(OpSpec):
         return tuple(broadcast_roles(s, out) for s in inputs)
 
     def commutative(self, attrs) -> bool:
-        return attrs.fn in ("Add", "Mul", "Sum", "Max", "Min", "Equal", "And", "Or")
+        return BINARY[attrs.fn].commutative
 
     def terms(self, attrs, n):
-        match BINARY_TERMS[attrs.fn]:
+        match BINARY[attrs.fn].terms:
             case "sum":
                 return tuple((i,) for i in range(n))
             case "product":
@@ -155,7 +151,7 @@ class Binary(OpSpec):
                 return ()
 
     def cost(self, attrs, inputs, outputs):
-        return streaming_cost(inputs, outputs, 8 if attrs.fn == "Pow" else 1)
+        return streaming_cost(inputs, outputs, BINARY[attrs.fn].flops)
 
 
 @register
