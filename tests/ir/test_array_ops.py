@@ -14,8 +14,8 @@ from unity_cli.ir.ops.array_ops import CumSumAttrs, PadAttrs, TileAttrs, TriluAt
 from unity_cli.ir.ops.sources import InputAttrs
 from unity_cli.ir.opspec import attrs_from_json, attrs_to_json, spec_of
 from unity_cli.ir.pieces import coords, piece_op, piece_region, task_inputs
+from unity_cli.kernels import backward, forward
 from unity_cli.onnx_import import ImportOptions, import_model_proto
-from unity_cli.runtime.kernels import backward, forward
 
 RNG = np.random.default_rng(7)
 

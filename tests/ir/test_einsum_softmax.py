@@ -18,7 +18,7 @@ from unity_cli.ir.ops.norm import HardmaxAttrs, SoftmaxAttrs
 from unity_cli.ir.ops.sources import InputAttrs
 from unity_cli.ir.opspec import SUM, WHOLE, attrs_from_json, attrs_to_json, spec_of
 from unity_cli.ir.pieces import coords, piece_op, task_inputs
-from unity_cli.runtime.kernels import forward
+from unity_cli.kernels import forward
 from unity_cli.substitutions.pieces import assemble, split_value
 
 RNG = np.random.default_rng(11)

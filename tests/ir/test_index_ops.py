@@ -24,7 +24,7 @@ from unity_cli.ir.ops.index_ops import GatherElementsAttrs, OneHotAttrs, Scatter
 from unity_cli.ir.ops.sources import InputAttrs
 from unity_cli.ir.opspec import WHOLE, attrs_from_json, attrs_to_json, spec_of
 from unity_cli.ir.pieces import coords, piece_op, piece_region, task_inputs
-from unity_cli.runtime.kernels import KernelError, forward
+from unity_cli.kernels import KernelError, forward
 
 RNG = np.random.default_rng(20240611)
 

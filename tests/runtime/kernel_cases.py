@@ -1,5 +1,5 @@
 """One-node ONNX models covering every kernel and its attributes, shared by the forward
-(onnxruntime) and backward (finite difference) tests of ``unity_cli.runtime.kernels``.
+(onnxruntime) and backward (finite difference) tests of ``unity_cli.kernels``.
 
 Import as ``from runtime.kernel_cases import ...`` (``tests/`` is on ``sys.path``).
 """

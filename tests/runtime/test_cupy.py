@@ -11,7 +11,7 @@ import pytest
 from runtime.kernel_cases import CASES, Case
 from runtime.mpirun import run_json
 
-from unity_cli.runtime.kernels import backward, forward
+from unity_cli.kernels import backward, forward
 
 
 def _gpus() -> int:

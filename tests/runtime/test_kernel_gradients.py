@@ -16,7 +16,7 @@ import pytest
 from runtime.kernel_cases import CASES, Case
 
 from unity_cli.ir.opspec import spec_of
-from unity_cli.runtime.kernels import backward, forward
+from unity_cli.kernels import backward, forward
 
 H = 1e-6
 NONE_BY_DESIGN = {("BatchNormalization", 3), ("BatchNormalization", 4)}

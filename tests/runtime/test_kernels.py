@@ -11,7 +11,7 @@ from runtime.kernel_cases import CASES, Case
 from unity_cli.ir.ops.gather_reduce import GatherAttrs
 from unity_cli.ir.ops.unary import erf
 from unity_cli.ir.opspec import all_specs
-from unity_cli.runtime.kernels import KERNELS, backward, forward, has_kernel
+from unity_cli.kernels import KERNELS, backward, forward, has_kernel
 
 
 def test_every_compute_op_has_a_kernel():

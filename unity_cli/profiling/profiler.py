@@ -3,7 +3,7 @@
 Compute: the distinct operator pieces that plans for the given models use (the plain
 graph and every baseline of :data:`unity_cli.search.baselines.STRATEGIES` on the cluster,
 plus any saved plans) are run through the runtime's own kernels
-(:mod:`unity_cli.runtime.kernels`) on realistic random inputs, forward then backward: one
+(:mod:`unity_cli.kernels`) on realistic random inputs, forward then backward: one
 warm-up, then repeats until both ``min_repeats`` and ``min_seconds`` are reached (at most
 ``max_repeats``); the median of each is kept. numpy is timed with ``perf_counter``; cupy
 with CUDA events around each call. ``max_seconds`` caps all of it: pieces left when it
@@ -48,12 +48,12 @@ from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
 from ..ir.shapes import TensorShape
+from ..kernels import backward, forward
 from ..onnx_import import ImportOptions, import_model
 from ..plan.plan import load_plan
 from ..runtime.calibrate import dispatch_seconds, update_and_loss_seconds
 from ..runtime.comm import make_comm, mpi
 from ..runtime.device import array_module
-from ..runtime.kernels import backward, forward
 from ..runtime.threads import THREAD_VARS
 from ..runtime.train import RunOptions, setup_job
 from ..search.baselines import STRATEGIES

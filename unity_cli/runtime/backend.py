@@ -4,7 +4,7 @@ against ONNX's reference outputs.
 
 ``prepare`` keeps the model; ``run`` imports it at the shapes of the inputs it gets (one
 import per distinct input signature) and evaluates the PCG node by node with
-:func:`unity_cli.runtime.kernels.forward`. Graph inputs that the importer needs as
+:func:`unity_cli.kernels.forward`. Graph inputs that the importer needs as
 constants (a Reshape's shape, a Slice's bounds, reduction axes) become initializers
 holding the values passed to ``run``.
 """
@@ -20,8 +20,8 @@ from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from ..errors import UnityError
 from ..ir.pcg import PCG
+from ..kernels import forward
 from ..onnx_import import ImportedModel, ImportOptions, import_model_proto
-from .kernels import forward
 
 CONST_INPUTS: dict[str, frozenset[int]] = {
     "Reshape": frozenset({1}), "Expand": frozenset({1}), "Slice": frozenset({1, 2, 3, 4}),

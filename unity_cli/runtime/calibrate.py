@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from ..ir.ops.linear import MatMulAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.pcg import PCG, GraphBuilder
 from ..ir.shapes import TensorShape
-from . import kernels
 from .comm import mpi
 from .executor import build_executor
 from .loss import LossKind

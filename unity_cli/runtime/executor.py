@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from ..errors import RunError
 from ..ir.machine_view import MachineView
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import piece_attrs, piece_region
 from ..ir.schedule import read_shape
-from . import kernels
 from .comm import Comm, make_comm
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig

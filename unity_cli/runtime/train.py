@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import kernels
 from ..errors import PlanError, RunError, UnityError, UsageError
 from ..files import check_output
 from ..plan.plan import Plan, load_plan
-from . import kernels
 from .check import CheckResult, Reference
 from .comm import Comm, mpi
 from .data import Data, gather_tables, read_npz

@@ -38,7 +38,7 @@ from ..ir.ops.sources import InputAttrs
 from ..ir.opspec import attrs_key, spec_of
 from ..ir.pcg import PCG, GraphBuilder, TensorRef
 from ..ir.shapes import ParallelTensorShape, TensorShape
-from .semantics import KERNELS
+from .semantics import reference
 
 ProgressFn = Callable[[int, int], None]
 
@@ -445,7 +445,7 @@ def _kernel(op: Any, shapes: Sequence[ParallelTensorShape], args: list[np.ndarra
     """``semantics.evaluate`` for one node."""
     if isinstance(op, ReductionAttrs):
         return [args[0] * op.degree if reduces_copies(shapes[0]) else args[0]]
-    return KERNELS[spec_of(op).kind](op, args)
+    return reference(op, args)
 
 
 def _short(v: Any) -> str:

@@ -11,7 +11,7 @@ and ``Replicate`` split piece ``i`` into pieces ``i*d .. i*d+d-1`` and ``Combine
 ``Reduction`` merge ``d`` consecutive pieces. A compute op runs once per output piece
 ``t``; input ``i`` reads, for each of its dims, the piece its role names (see
 :func:`unity_cli.ir.pieces.input_coord`, shared with the runtime) and the logical kernel
-of ``semantics.KERNELS`` runs on pieces.
+(``semantics.reference``) runs on pieces.
 
 This is an independent check of the logical semantics the generator and verifier use:
 ``assemble(evaluate_pieces(g, v)) == semantics.evaluate(g, v)`` for every small graph.
@@ -29,7 +29,7 @@ from ..ir.pcg import PCG, Node
 from ..ir.pieces import Coord, PieceError, coords, input_coord, parallel_axes, piece_attrs, task_inputs
 from ..ir.pieces import with_axis as _with
 from ..ir.shapes import ParallelTensorShape
-from .semantics import KERNELS
+from .semantics import reference
 
 __all__ = ["Coord", "PieceError", "Pieces", "assemble", "check_pieces", "coords", "evaluate_pieces", "input_coord",
            "parallel_axes", "split_value"]
@@ -153,15 +153,11 @@ def _parallel(n: Node, x: Pieces, shape: ParallelTensorShape) -> list[Pieces]:
 def _compute(n: Node, args: Sequence[Pieces], shapes: Sequence[ParallelTensorShape]) -> list[Pieces]:
     """A compute op: run the logical kernel once per output piece on the pieces it reads."""
     reads = task_inputs(n, shapes)
-    try:
-        kernel = KERNELS[n.kind]
-    except KeyError:
-        raise NotImplementedError(f"no reference kernel for {n.kind}") from None
     op = piece_attrs(n)
     outs: list[Pieces] = [{} for _ in n.outputs]
     for t in coords(n.outputs[0]):
         ins = [args[i][reads.coord(i, t)] for i in range(len(shapes))]
-        for k, v in enumerate(kernel(op, ins)):
+        for k, v in enumerate(reference(op, ins)):
             v = np.asarray(v)
             if v.shape != n.outputs[k].piece.dims:
                 raise PieceError(f"{n.kind} made a piece of shape {v.shape}, expected {n.outputs[k].piece.dims}")

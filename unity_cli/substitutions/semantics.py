@@ -1,48 +1,37 @@
 """Reference semantics of small graphs: evaluate a PCG on concrete arrays.
 
 ``evaluate`` computes logical values: parallel ops leave values unchanged, except a
-``Reduction`` that adds up replicas, which scales by its degree. Kernels are plain numpy
-and exact on integer inputs, so fingerprints of equal graphs agree bit for bit.
+``Reduction`` that adds up replicas, which scales by its degree. Every operator runs the
+runtime's own kernel on numpy (``unity_cli.kernels``), exact on integer inputs, so
+fingerprints of equal graphs agree bit for bit, and what the verifier checks numerically
+is what ``unity run`` computes.
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..ir.ops.binary import BINARY
 from ..ir.ops.parallel import reduces_copies
-from ..ir.ops.unary import UNARY
+from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
+from ..kernels import KernelError, forward
 
-Kernel = Callable[[Any, Sequence[np.ndarray]], list[np.ndarray]]
-
-def _unary(a, x):
-    return [UNARY[a.fn].forward(x[0], np)]
-
-
-def _binary(a, x):
-    f = BINARY[a.fn].forward
-    return [functools.reduce(lambda y, b: f(y, b, np), x[1:], x[0])]
+PASS_THROUGH = frozenset({"Repartition", "Combine", "Replicate"})
+"""Parallel ops that leave a tensor's logical value as it is."""
 
 
-KERNELS: dict[str, Kernel] = {
-    "MatMul": lambda a, x: [np.matmul(x[0], x[1])],
-    "Gemm": lambda a, x: [a.alpha * ((x[0].T if a.trans_a else x[0]) @ (x[1].T if a.trans_b else x[1]))
-                          + (a.beta * x[2] if len(x) > 2 else 0)],
-    "Unary": _unary,
-    "Binary": _binary,
-    "Scale": lambda a, x: [a.factor * x[0]],
-    "Transpose": lambda a, x: [np.transpose(x[0], a.perm)],
-    "Concat": lambda a, x: [np.concatenate(x, axis=a.axis)],
-    "Split": lambda a, x: np.split(x[0], np.cumsum(a.sizes)[:-1], axis=a.axis),
-    "Reshape": lambda a, x: [x[0].reshape(a.dims)],
-    "Repartition": lambda a, x: [x[0]],
-    "Combine": lambda a, x: [x[0]],
-    "Replicate": lambda a, x: [x[0]],
-}
+def reference(op: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The logical outputs of operator attrs ``op`` on whole arrays: the runtime's own
+    kernel on numpy (``unity_cli.kernels``), the one implementation of every operator."""
+    kind = spec_of(op).kind
+    if kind in PASS_THROUGH:
+        return [args[0]]
+    try:
+        return forward(op, args, np)[0]
+    except KernelError as e:
+        raise NotImplementedError(str(e)) from None
 
 
 def evaluate(pcg: PCG, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -57,11 +46,7 @@ def evaluate(pcg: PCG, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
             x = pcg.shape(n.inputs[0])
             outs = [args[0] * n.op.degree if reduces_copies(x) else args[0]]
         else:
-            try:
-                kernel = KERNELS[n.kind]
-            except KeyError:
-                raise NotImplementedError(f"no reference kernel for {n.kind}") from None
-            outs = kernel(n.op, args)
+            outs = reference(n.op, args)
         for k, v in enumerate(outs):
             values[(i, k)] = v
     return [values[(r.node, r.index)] for r in pcg.outputs]

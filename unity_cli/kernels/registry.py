@@ -3,7 +3,7 @@
 A :class:`Kernel` is a pair of functions written once against an array module ``xp``
 (``numpy`` or ``cupy``): ``forward(op, inputs, xp) -> (outputs, ctx)`` and
 ``backward(op, ctx, grads, xp) -> input grads``. Kernels see only what
-:mod:`unity_cli.runtime.kernels` has checked: ``grads`` has no None for an output that
+:mod:`unity_cli.kernels` has checked: ``grads`` has no None for an output that
 is floating point, and a gradient returned for a non-float input is dropped.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import UnityError
+from ..errors import UnityError
 
 Array = Any
 """A ``numpy.ndarray`` or a ``cupy.ndarray``."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ir.ops.einsum import LETTERS, letter_sizes, parse
+from ..ir.ops.einsum import LETTERS, letter_sizes, parse
 from .registry import Array, KernelError, register, unbroadcast
 
 

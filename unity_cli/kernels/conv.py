@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ...ir.ops.conv import window_out
+from ..ir.ops.conv import window_out
 from .registry import first_extremum, register
 
 

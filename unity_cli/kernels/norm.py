@@ -7,7 +7,7 @@ statistics get None. Hardmax has no backward: its gradient is zero wherever it e
 """
 from __future__ import annotations
 
-from ...ir.ops.norm import normalized_dims
+from ..ir.ops.norm import normalized_dims
 from .registry import first_extremum, register, unbroadcast
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...ir.opspec import spec_of
+from ..ir.opspec import spec_of
 from . import array_ops, conv, einsum, elementwise, gather_reduce, index_ops, linear, norm, shape  # noqa: F401  (fill KERNELS)
 from .registry import KERNELS, Array, Kernel, KernelError, is_float
 

@@ -8,8 +8,8 @@ returned as None.
 """
 from __future__ import annotations
 
-from ...ir.ops.binary import BINARY
-from ...ir.ops.unary import UNARY
+from ..ir.ops.binary import BINARY
+from ..ir.ops.unary import UNARY
 from .registry import register, unbroadcast
 
 
