@@ -217,7 +217,7 @@ def test_memory_infeasible(tiny_models, tmp_path):
     cluster = _small_cluster(tmp_path, "1 MiB")
     imported = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(4))
     with pytest.raises(InfeasibleError) as e:
-        optimize(imported.pcg, cluster, CostConfig())
+        optimize(imported.pcg, cluster, CostConfig(), max_candidates=4)   # (nothing fits: a short search says so)
     msg = str(e.value)
     # The amount needed is spelled out as a size, not rounded to nothing, in the summary's binary units.
     assert re.search(r"needs \d+\.\d (MiB|KiB) on device \d+, which has 1\.0 MiB", msg), msg
@@ -247,7 +247,7 @@ def test_memory_limit_is_a_hard_constraint(tmp_path):
     model = Path(__file__).resolve().parents[2] / "examples" / "bert_tiny.onnx"
     out = tmp_path / "plan.json"
     args = ["optimize", str(model), "--cluster", str(SPECS / "dgx-a100-8.yaml"), "--batch-size", "64",
-            "--out", str(out), "--max-candidates", "40"]
+            "--out", str(out), "--max-candidates", "8"]
     ok = CliRunner().invoke(cli, args + ["--memory-limit", "0.5"])
     assert ok.exit_code == 0, ok.output
     plan = json.loads(out.read_text())

@@ -391,6 +391,8 @@ def solve_problem(p: Problem) -> dict[int, int] | None:
     integer program with memory as a constraint (exact), and a larger one keeps the
     cheapest that fits. A graph too entangled to eliminate goes to the integer program."""
     q, kept = prune_dominated(p)
+    if not q.fits({i: min(range(len(q.options[i])), key=q.node_memory[i].__getitem__) for i in q.nodes}):
+        return None     # even each operator's leanest option does not fit: nothing can (memory adds up)
     sizes = {i: len(q.options[i]) for i in q.nodes}
     try:
         plan = Elimination(sizes, [(u, v) for u, v, _ in q.edges])
