@@ -3,6 +3,7 @@ small graphs, and the strategies a person would build by hand come out of it on 
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import onnx
@@ -270,3 +271,16 @@ def test_solving_both_ends_of_the_sync_price_finds_what_the_simulation_prefers(m
     both = solver.SYNC_WEIGHTS
     assert simulated((1.0,)) > dp_time * 1.01          # the mispricing this guards against
     assert simulated(both) <= dp_time * (1 + 1e-9)
+
+
+def test_memory_that_cannot_fit_is_refused_before_any_search():
+    """Memory adds up over operators, so when even each one's leanest option overflows,
+    no assignment fits; one byte more room than that sum and one does."""
+    pcg = mlp(8, [64, 64])
+    p = build_problem(pcg, cluster(1, 2), CostConfig(), (1, 2))
+    leanest = sum(min(p.node_memory[i]) for i in p.nodes)
+    tight = dataclasses.replace(p, capacity=leanest - 1)
+    assert solve_problem(tight) is None
+    room = dataclasses.replace(p, capacity=leanest)
+    choice = solve_problem(room)
+    assert choice is not None and room.fits(choice)
