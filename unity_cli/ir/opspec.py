@@ -82,6 +82,10 @@ class OpSpec:
     is_source: ClassVar[bool] = False
     state_inputs: ClassVar[tuple[int, ...]] = ()
     """Inputs that are running statistics, never trained (BatchNormalization's mean and var)."""
+    verifier: ClassVar[str] = "encoded"
+    """How the z3 verifier sees the op: ``encoded`` (``substitutions/verify.encode`` writes it
+    in the axioms' symbols), or the reason it is opaque (an uninterpreted function: a rule
+    can only move it around whole, by congruence)."""
     weight_inputs: ClassVar[tuple[int, ...]] = ()
     """Inputs that are the op's parameters when they are constants (a Conv's kernel and bias):
     a tensor computed at import from constants (``ConstantOfShape``, ``Expand``, ``Cast``)

@@ -78,6 +78,7 @@ class Pad(OpSpec):
     """``Pad``: exporters emit it around convolutions and before Swin's windowing."""
 
     kind = "Pad"
+    verifier = "no axioms yet"
     attrs_type = PadAttrs
     onnx_ops = ("Pad",)
 
@@ -145,6 +146,7 @@ class Pad(OpSpec):
 @register
 class Tile(OpSpec):
     kind = "Tile"
+    verifier = "no axioms yet"
     attrs_type = TileAttrs
     onnx_ops = ("Tile",)
 
@@ -182,6 +184,7 @@ class Tile(OpSpec):
 @register
 class Trilu(OpSpec):
     kind = "Trilu"
+    verifier = "a triangular mask: no axioms yet"
     attrs_type = TriluAttrs
     onnx_ops = ("Trilu",)
 
@@ -210,6 +213,7 @@ class Trilu(OpSpec):
 @register
 class CumSum(OpSpec):
     kind = "CumSum"
+    verifier = "a scan along a dim: no axioms yet"
     attrs_type = CumSumAttrs
     onnx_ops = ("CumSum",)
 

@@ -143,6 +143,7 @@ class Conv(OpSpec):
 @register
 class Pool(OpSpec):
     kind = "Pool"
+    verifier = "a windowed reduction: no axioms yet (only Conv's are written)"
     attrs_type = PoolAttrs
     onnx_ops = ("MaxPool", "AveragePool")
 
@@ -176,6 +177,7 @@ class Pool(OpSpec):
 @register
 class GlobalPool(OpSpec):
     kind = "GlobalPool"
+    verifier = "a reduction over the spatial dims: no axioms yet"
     attrs_type = GlobalPoolAttrs
     onnx_ops = ("GlobalAveragePool", "GlobalMaxPool")
 

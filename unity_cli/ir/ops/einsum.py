@@ -136,6 +136,7 @@ def _letter_roles(equation: str, sizes: dict[str, int]) -> dict[str, Role]:
 @register
 class Einsum(OpSpec):
     kind = "Einsum"
+    verifier = "a general contraction; imported Einsums that are matmuls are not rewritten to MatMul yet"
     attrs_type = EinsumAttrs
     onnx_ops = ("Einsum",)
 

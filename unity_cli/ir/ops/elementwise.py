@@ -96,6 +96,7 @@ class Unary(OpSpec):
 @register
 class Cast(OpSpec):
     kind = "Cast"
+    verifier = "a change of element type, which the verifier's single tensor sort does not model"
     attrs_type = CastAttrs
     onnx_ops = ("Cast",)
 
@@ -157,6 +158,7 @@ class Binary(OpSpec):
 @register
 class Where(OpSpec):
     kind = "Where"
+    verifier = "a select on a boolean mask, which the verifier's tensor sort does not model"
     attrs_type = WhereAttrs
     onnx_ops = ("Where",)
 

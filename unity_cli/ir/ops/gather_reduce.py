@@ -69,6 +69,7 @@ class Gather(OpSpec):
 @register
 class Reduce(OpSpec):
     kind = "Reduce"
+    verifier = "a reduction over some dims: no axioms yet"
     attrs_type = ReduceAttrs
     onnx_ops = tuple(sorted(REDUCE_MODES))
 
@@ -122,6 +123,7 @@ class GatherND(OpSpec):
     """``GatherND``: exporters emit it to pick the upper triangle of an interaction matrix."""
 
     kind = "GatherND"
+    verifier = "a multi-dim index gather: no axioms yet"
     attrs_type = GatherNDAttrs
     onnx_ops = ("GatherND",)
 

@@ -86,6 +86,7 @@ class TopK(OpSpec):
     """
 
     kind = "TopK"
+    verifier = "a sort, with integer indices as its second output: no axioms yet"
     attrs_type = TopKAttrs
     onnx_ops = ("TopK",)
 
@@ -141,6 +142,7 @@ class OneHot(OpSpec):
     """
 
     kind = "OneHot"
+    verifier = "integer indices to a one-hot tensor: no axioms yet"
     attrs_type = OneHotAttrs
     onnx_ops = ("OneHot",)
 
@@ -188,6 +190,7 @@ class GatherElements(OpSpec):
     """
 
     kind = "GatherElements"
+    verifier = "an index gather along a dim: no axioms yet (Gather's are written)"
     attrs_type = GatherElementsAttrs
     onnx_ops = ("GatherElements",)
 
@@ -230,6 +233,7 @@ class ScatterElements(OpSpec):
     """
 
     kind = "ScatterElements"
+    verifier = "an index scatter: no axioms yet"
     attrs_type = ScatterElementsAttrs
     onnx_ops = ("ScatterElements",)
 

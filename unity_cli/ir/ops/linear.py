@@ -93,6 +93,7 @@ class MatMul(OpSpec):
 @register
 class Gemm(OpSpec):
     kind = "Gemm"
+    verifier = "a Gemm with its bias and transposes: no axioms yet"
     attrs_type = GemmAttrs
     onnx_ops = ("Gemm",)
     weight_inputs = (1, 2)

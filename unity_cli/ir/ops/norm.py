@@ -70,6 +70,7 @@ class LRNAttrs:
 @register
 class BatchNorm(OpSpec):
     kind = "BatchNormalization"
+    verifier = "a normalization with running statistics: no axioms yet"
     attrs_type = BatchNormAttrs
     onnx_ops = ("BatchNormalization",)
     state_inputs = (3, 4)
@@ -99,6 +100,7 @@ class BatchNorm(OpSpec):
 @register
 class LayerNorm(OpSpec):
     kind = "LayerNormalization"
+    verifier = "a normalization over the last dims: no axioms yet"
     attrs_type = LayerNormAttrs
     onnx_ops = ("LayerNormalization",)
     weight_inputs = (1, 2)
@@ -145,6 +147,7 @@ class _Normalizing(OpSpec):
 @register
 class Softmax(_Normalizing):
     kind = "Softmax"
+    verifier = "a normalization along one dim: its axioms (commuting with splits of the other dims) are not written yet"
     attrs_type = SoftmaxAttrs
     onnx_ops = ("Softmax", "LogSoftmax")
 
@@ -161,6 +164,7 @@ class Hardmax(_Normalizing):
     """Not differentiable: its gradient is zero wherever it exists."""
 
     kind = "Hardmax"
+    verifier = "a normalization along one dim, like Softmax: no axioms yet"
     attrs_type = HardmaxAttrs
     onnx_ops = ("Hardmax",)
 
@@ -174,6 +178,7 @@ class Hardmax(_Normalizing):
 @register
 class LRN(OpSpec):
     kind = "LRN"
+    verifier = "a windowed normalization over channels: no axioms yet"
     attrs_type = LRNAttrs
     onnx_ops = ("LRN",)
 

@@ -90,6 +90,7 @@ def reshape_roles(src: Sequence[int], dst: Sequence[int]) -> tuple[Role, ...]:
 @register
 class Reshape(OpSpec):
     kind = "Reshape"
+    verifier = "a reshape's axioms (how it commutes with splits and concatenations) are not written yet"
     attrs_type = ReshapeAttrs
     onnx_ops = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
@@ -246,6 +247,7 @@ class Split(OpSpec):
 @register
 class Slice(OpSpec):
     kind = "Slice"
+    verifier = "a strided window: no axioms yet (Split is the slicing the rules use)"
     attrs_type = SliceAttrs
     onnx_ops = ("Slice",)
 
@@ -286,6 +288,7 @@ class Slice(OpSpec):
 @register
 class Expand(OpSpec):
     kind = "Expand"
+    verifier = "a broadcast to a given shape: no axioms yet"
     attrs_type = ExpandAttrs
     onnx_ops = ("Expand",)
 
