@@ -1,6 +1,7 @@
 """Elementwise kernels: Unary, Binary (ONNX broadcasting), Cast, Where and Scale.
 
-Gradients of broadcast inputs are summed back to the input's shape. ``Max``/``Min``
+Unary and Binary run each function's own definition (``ir/ops/unary.py``,
+``ir/ops/binary.py``). Gradients of broadcast inputs are summed back to the input's shape. ``Max``/``Min``
 send the gradient of a tie to the first input that attains it. ``Dropout`` is the
 identity: plans train in inference semantics (as models are exported). Step functions
 (``Ceil``, ``Floor``, ``Sign``, ``Not``) and the tests ``IsNaN``/``IsInf`` have zero gradient,

@@ -2,7 +2,7 @@
 
 A parallel tensor's value is a dict from piece coordinate to array. A coordinate is a
 tuple over the tensor's parallel axes ``(dim 0 .. dim r-1, sum, copy)`` (the order of
-``cluster.machine_view.parallel_axes``): a dim coordinate selects one of ``degree`` equal
+``ir.machine_view.parallel_axes``): a dim coordinate selects one of ``degree`` equal
 consecutive slices, the ``sum`` pieces are partial values that add up to the logical
 value, and the ``copy`` pieces are identical replicas.
 
