@@ -127,13 +127,24 @@ class CostContext:
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
         st = Structure.of(pcg, cluster.num_devices, config.loss)
-        return CostContext(pcg, cluster, config, st.layout, st.pairs, st, _node_cache(cluster, config))
+        return CostContext(pcg, cluster, config, st.layout, st.pairs, st,
+                           price_table(cluster, config, "nodes", NODE_CACHE_LIMIT))
 
 
 @functools.lru_cache(maxsize=8)
-def _node_cache(cluster: ClusterSpec, config: CostConfig) -> dict:
-    """Node prices by (structure key, views): candidates of one search share most nodes."""
+def _tables(cluster: ClusterSpec, config: CostConfig) -> dict[str, dict]:
     return {}
+
+
+def price_table(cluster: ClusterSpec, config: CostConfig, name: str, limit: int) -> dict:
+    """A table of prices that depend only on (cluster, config) and their keys, shared by
+    every graph a process prices with them (the candidates of a search, the models of a
+    benchmark share most of their nodes); emptied when it holds more than ``limit``
+    entries (a bound on memory, not on speed), so sharing changes no answer."""
+    table = _tables(cluster, config).setdefault(name, {})
+    if len(table) > limit:
+        table.clear()
+    return table
 
 
 NODE_CACHE_LIMIT = 50_000

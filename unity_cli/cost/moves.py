@@ -320,13 +320,9 @@ def sent_rounded(moves: Iterable[Move], num_devices: int) -> tuple[int, ...]:
     """:func:`sent_per_device`, each rounded to whole bytes as ``round`` rounds a fraction
     (half to even)."""
     total, common = _sent(moves, num_devices)
-    if common == 1:
+    if common == 1:       # whole bytes already: no fractions to build
         return tuple(int(x) for x in total)
-    out = []
-    for x in total:
-        q, r = divmod(int(x), common)
-        out.append(q + (2 * r > common or (2 * r == common and q % 2 == 1)))
-    return tuple(out)
+    return tuple(round(Fraction(int(x), common)) for x in total)
 
 
 def _sent(moves: Iterable[Move], num_devices: int) -> tuple[np.ndarray, int]:
@@ -336,11 +332,12 @@ def _sent(moves: Iterable[Move], num_devices: int) -> tuple[np.ndarray, int]:
     senders: list[int] = []           # point-to-point messages, added at once
     sizes: list[int] = []
     for m in moves:
-        if m.kind is Collective.P2P:
-            if m.nbytes > 0 and len(m.group) > 1:   # sent_ratio's rule: the sender sends the message
+        if m.kind is Collective.P2P:   # only the sender sends: gathered, then added at once
+            num, _ = sent_ratio(m.kind, m.nbytes, m.group, m.group[0])
+            if num:
                 senders.append(m.group[0])
-                sizes.append(m.nbytes)
-                bound += m.nbytes
+                sizes.append(num)
+                bound += num
             continue
         if m.kind in SYMMETRIC:
             num, den = sent_ratio(m.kind, m.nbytes, m.group, m.group[0], m.root) if m.group else (0, 1)

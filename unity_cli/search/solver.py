@@ -38,7 +38,6 @@ machine-mapped and priced by ``cost.model.estimate`` like any other candidate.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost, update_seconds
+from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost, price_table, update_seconds
 from ..deadline import check
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
@@ -162,23 +161,7 @@ def node_options(n: Node, shapes: Sequence[ParallelTensorShape], mesh: tuple[int
 
 
 SHARED_LIMIT = 200_000
-"""Entries a shared table keeps before it starts afresh (a bound on memory, not on speed)."""
-
-
-@functools.lru_cache(maxsize=8)
-def _tables_of(cluster: ClusterSpec, config: CostConfig) -> dict[str, dict]:
-    return {}
-
-
-def _shared(cluster: ClusterSpec, config: CostConfig, name: str) -> dict:
-    """A table of prices for one (cluster, config), shared by every problem a process solves
-    with them (the models of a benchmark or of a test run share most of their shapes); the
-    prices depend on nothing else, so sharing changes no answer."""
-    tables = _tables_of(cluster, config)
-    table = tables.setdefault(name, {})
-    if len(table) > SHARED_LIMIT:
-        table.clear()
-    return table
+"""Entries each of the solver's shared price tables keeps before it starts afresh."""
 
 
 class _Pricer:
@@ -186,7 +169,7 @@ class _Pricer:
 
     def __init__(self, cluster: ClusterSpec, config: CostConfig):
         self.cluster, self.config = cluster, config
-        self._cache = _shared(cluster, config, "moves")
+        self._cache = price_table(cluster, config, "solver moves", SHARED_LIMIT)
 
     def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation",
              grad: bool = True) -> float:
@@ -237,8 +220,8 @@ class Tables:
         self.pricer = _Pricer(cluster, config)
         self.device = min((cluster.device_type(d) for d in range(cluster.num_devices)),
                           key=lambda t: t.flops(config.dtype.value))
-        self.nodes = _shared(cluster, config, "nodes")
-        self.edges = _shared(cluster, config, "edges")
+        self.nodes = price_table(cluster, config, "solver nodes", SHARED_LIMIT)
+        self.edges = price_table(cluster, config, "solver edges", SHARED_LIMIT)
 
     def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool) -> tuple:
         """(options, cost per option, memory per option, weight sync per option) of compute

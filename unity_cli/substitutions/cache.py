@@ -35,7 +35,6 @@ def load_cache(path: str | os.PathLike | None = None, check_axioms: bool = True)
         raise RuleError(f"{p}: a rule cache needs its content_hash and every rule's id, and this one lacks "
                         "them (edited by hand?): regenerate it with 'unity verify-rules'")
     if check_axioms:
-
         current = axioms_hash()
         if rules.axioms_hash != current:
             raise RuleError(f"{p}: stale rule cache: it was proved under axioms {rules.axioms_hash[:12] or '?'}, "

@@ -31,7 +31,6 @@ from ..ir.ops.parallel import (
     ReductionAttrs,
     RepartitionAttrs,
     ReplicateAttrs,
-    reduces_copies,
 )
 from ..ir.ops.shape_ops import ConcatAttrs, SplitAttrs, TransposeAttrs
 from ..ir.ops.sources import InputAttrs
@@ -246,7 +245,7 @@ class _Enumerator:
             if h not in self.nodes:
                 n_ops = 1 + len(self.cone(ins))
                 used = functools.reduce(operator.or_, (self.nodes[ih].used for ih, _ in ins), 0)
-                vals = _kernel(op, shapes, [self.values[ih][0][k] for ih, k in ins])
+                vals = reference(op, [self.values[ih][0][k] for ih, k in ins], shapes)
                 shadow = self._shadow(ci, ins) if self.s.check_degree else None
                 s_outs = s_vals = None
                 if self.s.check_degree:  # no shadow (it does not type-check): a fingerprint of its own
@@ -267,7 +266,7 @@ class _Enumerator:
         if typed is None:
             return None
         op, shapes, outs = typed
-        return outs, _kernel(op, shapes, [v[2][k] for v, (_, k) in zip(s_in, ins, strict=True)])
+        return outs, reference(op, [v[2][k] for v, (_, k) in zip(s_in, ins, strict=True)], shapes)
 
     def _infer(self, ci: int, shapes: tuple[ParallelTensorShape, ...], degree: int) -> tuple | None:
         """(attrs, input shapes, output shapes) of choice ``ci`` on these inputs, or None."""
@@ -435,17 +434,10 @@ class Enumeration:
                         reached.add(n.name)
                 else:
                     args = [run(ih)[k] for ih, k in n.inputs]
-                    memo[h] = tuple(_kernel(n.op, [self.nodes[ih].shapes[k] for ih, k in n.inputs], args))
+                    memo[h] = tuple(reference(n.op, args, [self.nodes[ih].shapes[k] for ih, k in n.inputs]))
             return memo[h]
 
         return run(root)
-
-
-def _kernel(op: Any, shapes: Sequence[ParallelTensorShape], args: list[np.ndarray]) -> list[np.ndarray]:
-    """``semantics.evaluate`` for one node."""
-    if isinstance(op, ReductionAttrs):
-        return [args[0] * op.degree if reduces_copies(shapes[0]) else args[0]]
-    return reference(op, args)
 
 
 def _short(v: Any) -> str:

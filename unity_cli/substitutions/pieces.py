@@ -157,7 +157,7 @@ def _compute(n: Node, args: Sequence[Pieces], shapes: Sequence[ParallelTensorSha
     outs: list[Pieces] = [{} for _ in n.outputs]
     for t in coords(n.outputs[0]):
         ins = [args[i][reads.coord(i, t)] for i in range(len(shapes))]
-        for k, v in enumerate(reference(op, ins)):
+        for k, v in enumerate(reference(op, ins, shapes)):
             v = np.asarray(v)
             if v.shape != n.outputs[k].piece.dims:
                 raise PieceError(f"{n.kind} made a piece of shape {v.shape}, expected {n.outputs[k].piece.dims}")

@@ -13,20 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.ops.parallel import reduces_copies
+from ..ir.ops.parallel import ReductionAttrs, reduces_copies
 from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
+from ..ir.shapes import ParallelTensorShape
 from ..kernels import KernelError, forward
 
-PASS_THROUGH = frozenset({"Repartition", "Combine", "Replicate"})
-"""Parallel ops that leave a tensor's logical value as it is."""
 
-
-def reference(op: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The logical outputs of operator attrs ``op`` on whole arrays: the runtime's own
-    kernel on numpy (``unity_cli.kernels``), the one implementation of every operator."""
-    kind = spec_of(op).kind
-    if kind in PASS_THROUGH:
+def reference(op: Any, args: Sequence[np.ndarray], shapes: Sequence[ParallelTensorShape]) -> list[np.ndarray]:
+    """The logical outputs of operator attrs ``op`` on whole arrays whose parallel shapes
+    are ``shapes``: a parallel op leaves the value as it is, but a ``Reduction`` that adds
+    up replicas scales it by its degree; any other op runs the runtime's own kernel on
+    numpy (``unity_cli.kernels``), the one implementation of every operator."""
+    if isinstance(op, ReductionAttrs):
+        return [args[0] * op.degree if reduces_copies(shapes[0]) else args[0]]
+    if spec_of(op).is_parallel_op:
         return [args[0]]
     try:
         return forward(op, args, np)[0]
@@ -42,11 +43,7 @@ def evaluate(pcg: PCG, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
             values[(i, 0)] = np.asarray(inputs[n.name])
             continue
         args = [values[(r.node, r.index)] for r in n.inputs]
-        if n.kind == "Reduction":
-            x = pcg.shape(n.inputs[0])
-            outs = [args[0] * n.op.degree if reduces_copies(x) else args[0]]
-        else:
-            outs = reference(n.op, args)
+        outs = reference(n.op, args, [pcg.shape(r) for r in n.inputs])
         for k, v in enumerate(outs):
             values[(i, k)] = v
     return [values[(r.node, r.index)] for r in pcg.outputs]
