@@ -122,6 +122,19 @@ CASES = [
     Case("plan whose graph breaks, sealed again", ["explain", "{plan.json}"], ["{plan.json}", "pcg"],
          _write("plan.json", lambda m: _plan_edited(
              m, lambda d: d["pcg"]["nodes"][-1]["outputs"][0]["sizes"].append(3), reseal=True))),
+    Case("plan whose inputs are not its graph's, sealed again", ["explain", "{plan.json}"],
+         ["{plan.json}", "model.inputs.x", "[64, 16]"],
+         _write("plan.json", lambda m: _plan_edited(
+             m, lambda d: d["model"]["inputs"]["x"].update(dims=[64, 16]), reseal=True))),
+    Case("plan whose input node was renamed, sealed again", ["explain", "{plan.json}"],
+         ["{plan.json}", "input node 'q'"],
+         _write("plan.json", lambda m: _plan_edited(m, lambda d: d["pcg"]["nodes"][0].update(name="q"), reseal=True))),
+    Case("plan with an unknown strategy, sealed again", ["explain", "{plan.json}"], ["{plan.json}", "'bogus'"],
+         _write("plan.json", lambda m: _plan_edited(m, lambda d: d.update(strategy="bogus"), reseal=True))),
+    Case("plan whose step time is not its row's, sealed again", ["report", "{plan.json}", "-o", "{r.html}"],
+         ["{plan.json}", "predicted.step_time_ms"],
+         _write("plan.json", lambda m: _plan_edited(
+             m, lambda d: d["predicted"].update(step_time_ms=0.001), reseal=True))),
     Case("rule cache without its hashes", ["optimize", "{mlp.onnx}", "--rules", "{rules.json}", "--out",
                                            "{p.json}"], ["{rules.json}", "content_hash"],
          _write("rules.json", _no_hashes, "mlp.onnx")),

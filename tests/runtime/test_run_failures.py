@@ -49,6 +49,17 @@ def test_model_hash_mismatch(plans, tmp_path):
     assert "SHA-256" in line and "convnet_tiny.onnx" in line
 
 
+def test_a_plan_naming_other_outputs_than_its_model_is_refused(plans, tmp_path):
+    doc = json.loads(plans.get("convnet_tiny", "data_parallel", 2).read_text())
+    doc["model"]["outputs"] = ["not_an_output"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(seal(doc)))                 # sealed again: the check below the hash must catch it
+    r = unity_run(plan, timeout=60)
+    assert r.returncode != 0
+    (line,) = errors(r)
+    assert "model.outputs" in line and "not_an_output" in line and "convnet_tiny.onnx" in line
+
+
 def test_missing_model_file_and_model_override(plans, tmp_path):
     model = tmp_path / "moved.onnx"
     shutil.copy(plans.model("convnet_tiny"), model)

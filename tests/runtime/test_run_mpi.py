@@ -86,7 +86,7 @@ def handmade_plan(root: Path, spec: Path) -> Path:
     info = {"path": str(model), "sha256": file_sha256(model), "inputs": {"x": {"dims": [4, 8], "dtype": "float32"}},
             "outputs": ["y"], "batch_size": 4}
     plan = Plan(info, load_cluster(spec), {"dtype": "float32", "optimizer": "momentum"}, "handmade", pcg, views,
-                {"step_time_ms": 0.01}, {})
+                {"step_time_ms": 0.01}, {"handmade": {"step_time_ms": 0.01}})
     path = root / "handmade.json"
     plan.save(path)
     return path

@@ -136,6 +136,36 @@ def load_plan(path: str | os.PathLike) -> Plan:
         raise PlanError(f"{p}: {e}") from None
 
 
+def _disagreement(data: dict, pcg: PCG) -> str:
+    """Where the plan's fields contradict its graph (empty when they agree): ``model.inputs``
+    must be the graph's inputs, name for name, shape for shape; ``model.outputs`` one name per
+    graph output; ``strategy`` one of the priced rows, at the price ``predicted`` states."""
+    model = data["model"]
+    if not isinstance(model, dict) or not isinstance(model.get("inputs"), dict) \
+            or not isinstance(model.get("outputs"), list):
+        return "model: expected an object with inputs {name: {dims, dtype}} and a list of outputs"
+    graph = {n.name: n.op.shape for _, n in pcg if n.kind == "Input"}
+    for name in sorted(set(graph) | set(model["inputs"])):
+        if name not in model["inputs"]:
+            return f"pcg: input node {name!r} is not among model.inputs ({', '.join(sorted(model['inputs']))})"
+        if name not in graph:
+            return f"model.inputs.{name}: the graph has no input node of that name"
+        have, want = model["inputs"][name], graph[name]
+        if not isinstance(have, dict) or have.get("dims") != list(want.dims) or have.get("dtype") != want.dtype.value:
+            return (f"model.inputs.{name}: {have} but the graph's input node is "
+                    f"{{'dims': {list(want.dims)}, 'dtype': {want.dtype.value!r}}}")
+    if len(model["outputs"]) != len(pcg.outputs) or not all(isinstance(o, str) for o in model["outputs"]):
+        return f"model.outputs: {model['outputs']} does not name the graph's {len(pcg.outputs)} output(s)"
+    rows, strategy = data["baselines"], data["strategy"]
+    if not isinstance(rows, dict) or not isinstance(strategy, str) or strategy not in rows:
+        return f"strategy: {strategy!r} is none of the priced rows in baselines ({', '.join(sorted(rows))})"
+    said = data["predicted"].get("step_time_ms") if isinstance(data["predicted"], dict) else None
+    if not isinstance(rows[strategy], dict) or rows[strategy].get("step_time_ms") != said:
+        return (f"predicted.step_time_ms: {said} but baselines.{strategy}.step_time_ms is "
+                f"{rows[strategy].get('step_time_ms') if isinstance(rows[strategy], dict) else rows[strategy]}")
+    return ""
+
+
 def plan_from_json(data: Any) -> Plan:
     if not isinstance(data, dict):
         raise PlanError("the plan is not a JSON object")
@@ -182,6 +212,9 @@ def plan_from_json(data: Any) -> Plan:
             why = str(e)
         if why:
             raise PlanError(f"pcg.nodes[{i}].view: {why}")
+    why = _disagreement(data, pcg)
+    if why:
+        raise PlanError(why)
     return Plan(data["model"], cluster, data["config"], data["strategy"], pcg, tuple(views), data["predicted"],
                 data["baselines"], tuple(data.get("rewrites", ())), data.get("search", {}),
                 str(data.get(HASH_FIELD, "")))

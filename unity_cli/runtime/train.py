@@ -256,10 +256,13 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
             print(f"warning: {msg}", file=sys.stderr, flush=True)
     arrays = read_npz(opts.data) if opts.data else None
     loss = choose_loss(opts.loss, arrays.get("labels") if arrays else None, imported.pcg)
+    if list(imported.outputs) != list(plan.model["outputs"]):
+        raise PlanError(f"{opts.plan}: model.outputs {plan.model['outputs']} but {model} outputs "
+                        f"{list(imported.outputs)}: the plan was made for another model")
     out_dims = imported.pcg.shape(imported.pcg.outputs[0]).sizes
     plan_out = plan.pcg.shape(plan.pcg.outputs[0]).sizes
     if plan_out != out_dims:
-        raise PlanError(f"the plan's output is {list(plan_out)} but the model's is {list(out_dims)}")
+        raise PlanError(f"{opts.plan}: the plan's output is {list(plan_out)} but {model}'s is {list(out_dims)}")
     data = Data(imported.inputs, out_dims, loss, opts.seed, gather_tables(imported.pcg), arrays, opts.data or "")
     optimizer = OptimizerConfig.of(opts.optimizer or plan.config.get("optimizer", "adam"), opts.lr)
     class_axis = len(out_dims) - 1 if loss is LossKind.CROSS_ENTROPY else None
