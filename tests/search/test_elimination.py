@@ -72,10 +72,13 @@ def _memory_problem(seed: int) -> Problem:
     # Memory against cost: the cheap options are the big ones, so the bound binds.
     cost = {i: tuple(float(x) for x in rng.integers(0, 6, size=k[i])) for i in nodes}
     mem = {i: tuple(float(6 - c + rng.integers(0, 3)) for c in cost[i]) for i in nodes}
-    p = Problem(None, 4, nodes, {i: (None,) * k[i] for i in nodes}, cost, mem, edges, capacity=np.inf)
+    # Half of them hold resharding buffers on their edges too (the solver's edge memory).
+    held = tuple(rng.integers(0, 3, size=t.shape).astype(float) for _, _, t in edges) if seed % 4 in (1, 2) else None
+    p = Problem(None, 4, nodes, {i: (None,) * k[i] for i in nodes}, cost, mem, edges, capacity=np.inf,
+                edge_memory=held)
     _, free = minimize(k, cost, edges)
     least = sum(min(mem[i]) for i in nodes)
-    used = sum(mem[i][free[i]] for i in nodes)
+    used = p.memory(free)
     # Between the least memory any assignment needs and what the free optimum uses (one in
     # eight below the least: none fits).
     capacity = least - 1 if seed % 8 == 7 else least + float(rng.random()) * (used - least)

@@ -18,9 +18,12 @@ optimizer update; per edge, the time of the parallel ops that bring the producer
 to what the consumer reads (the resharding, its backward only where the gradient flows);
 per trainable weight read replicated, its gradient all-reduce; and, at a graph output left
 as partial sums, their reduction. All are priced by the cost model (``cost.model``) on tiny
-graphs, so the solver and the final pricing agree on every piece. Memory per device
-(activations kept for backward, weights with their gradients and optimizer state) is a
-hard constraint.
+graphs, so the solver and the final pricing agree on every piece. Memory per device is a
+hard constraint, counted as the final pricing counts it: each operator's activations kept
+for backward and its weights with their gradients and optimizer state, and on each edge the
+buffers of the parallel ops that reshard it (the most any one device holds of them). Summed,
+that is never less than what the simulation finds on the busiest device of the realized
+graph (consumers that read one resharding share it), so a plan that fits the solver fits.
 
 The choice is solved exactly by dynamic programming over the graph's structure: variable
 elimination (``elimination.py``), whose work is linear in the number of layers and whose
@@ -46,7 +49,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostConfig, CostContext, _compute_time, estimate, node_cost, price_table, update_seconds
+from ..cost.model import (CostConfig, CostContext, _compute_time, estimate, memory_per_device, node_cost,
+                          price_table, update_seconds)
 from ..deadline import check
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
@@ -96,6 +100,13 @@ class Problem:
     edges: tuple[tuple[int, int, np.ndarray], ...]      # (producer, consumer, cost[producer option, consumer option])
     capacity: float
     node_sync: dict[int, tuple[float, ...]] | None = None   # per option: the part of node_cost that is weight sync
+    edge_memory: tuple[np.ndarray, ...] | None = None   # per edge, bytes per device of its resharding (None: 0)
+
+    def edge_memories(self) -> list[np.ndarray]:
+        """Each edge's memory table, zeros where none was given."""
+        if self.edge_memory is None:
+            return [np.zeros(t.shape) for _, _, t in self.edges]
+        return list(self.edge_memory)
 
     def sync_weighted(self, weight: float) -> Problem:
         """The same problem with weight sync charged at ``weight`` times its price: the step
@@ -112,8 +123,16 @@ class Problem:
         total = sum(self.node_cost[i][choice[i]] for i in self.nodes)
         return total + sum(float(c[choice[u], choice[v]]) for u, v, c in self.edges)
 
+    def memory(self, choice: dict[int, int]) -> float:
+        """Bytes per device of one assignment: its operators' and its edges' resharding."""
+        total = sum(self.node_memory[i][choice[i]] for i in self.nodes)
+        if self.edge_memory is not None:
+            total += sum(float(m[choice[u], choice[v]]) for (u, v, _), m in zip(self.edges, self.edge_memory,
+                                                                                  strict=True))
+        return total
+
     def fits(self, choice: dict[int, int]) -> bool:
-        return sum(self.node_memory[i][choice[i]] for i in self.nodes) <= self.capacity
+        return self.memory(choice) <= self.capacity
 
 
 @dataclass(frozen=True)
@@ -176,14 +195,21 @@ class _Pricer:
         """Seconds per step to bring ``source`` to ``target``: an activation's parallel ops
         (their gradients sent back in backward when ``grad``), or a weight's gradient
         all-reduce (its layout is set up once; only its replicas' sync recurs)."""
+        return self.priced(source, target, kind, grad)[0]
+
+    def priced(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation",
+               grad: bool = True) -> tuple[float, float]:
+        """``(seconds, bytes)``: :meth:`move`'s time, and the most memory any one device holds
+        of the parallel ops' buffers (as ``cost.model.memory_per_device`` counts them)."""
         key = (source, target, kind, grad)
         if key not in self._cache:
             self._cache[key] = self._price(source, target, kind, grad)
         return self._cache[key]
 
-    def _price(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str, grad: bool) -> float:
+    def _price(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str,
+               grad: bool) -> tuple[float, float]:
         if source == target and kind == "activation":
-            return 0.0
+            return 0.0, 0.0
         b = GraphBuilder()
         if kind == "activation":
             # Made by an op (a source's layout is set up once, not paid per step) that reads a
@@ -197,9 +223,9 @@ class _Pricer:
         try:
             y = reshard(b, x, target)
         except ShapeError:
-            return math.inf
+            return math.inf, math.inf
         if y == x:
-            return 0.0
+            return 0.0, 0.0
         pcg = b.build([y])
         # The cost model's per-node prices, as estimate() takes them (no step simulation
         # needed), of the resharding's nodes only: not the stand-in producer's weight sync,
@@ -207,7 +233,12 @@ class _Pricer:
         ctx = CostContext.of(pcg, self.cluster, self.config)
         views = default_views(pcg)
         costs = [node_cost(ctx, i, views) for i in range(first, len(pcg))]
-        return sum(c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
+        seconds = sum(c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
+        if kind != "activation":
+            return seconds, 0.0       # a weight's pieces are counted with the operator that reads them
+        mine = [i in range(first, len(pcg)) for i in range(len(pcg))]
+        devs = [views[i].devices(n.outputs[0]) if mine[i] else () for i, n in pcg]
+        return seconds, float(max(memory_per_device(pcg, devs, ctx.layout, self.cluster.num_devices, self.config)))
 
 
 class Tables:
@@ -260,21 +291,24 @@ class Tables:
             if returned:
                 for s in o.outputs[:1]:
                     if s.sum_degree > 1:
-                        t += pricer.move(s, s.with_replicas(sum_degree=1))
+                        seconds, held = pricer.priced(s, s.with_replicas(sum_degree=1))
+                        t += seconds
+                        mem += held
             costs.append(t)
             mems.append(float(mem))
             syncs.append(sync)
         return opts, tuple(costs), tuple(mems), tuple(syncs)
 
     def edge(self, ukey: tuple, vkey: tuple, index: int, k: int, grad: bool,
-             producer: tuple[Option, ...], consumer: tuple[Option, ...]) -> np.ndarray:
-        """The resharding times from each producer option's output ``index`` to each consumer
-        option's input ``k``."""
+             producer: tuple[Option, ...], consumer: tuple[Option, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The resharding times, and its memory per device, from each producer option's
+        output ``index`` to each consumer option's input ``k``."""
         key = (ukey, vkey, index, k, grad)
         hit = self.edges.get(key)
         if hit is None:
-            hit = self.edges[key] = np.array([[self.pricer.move(a.outputs[index], b.inputs[k], grad=grad)
-                                               for b in consumer] for a in producer])
+            both = np.array([[self.pricer.priced(a.outputs[index], b.inputs[k], grad=grad) for b in consumer]
+                             for a in producer]).reshape(len(producer), len(consumer), 2)
+            hit = self.edges[key] = (both[:, :, 0], both[:, :, 1])
         return hit
 
 
@@ -302,7 +336,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
         check()
         options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, mesh, i in returned)
         keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned)
-    edges = []
+    edges, edge_memory = [], []
     for v in nodes:
         n = pcg.nodes[v]
         for k, r in enumerate(n.inputs):
@@ -310,12 +344,13 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
             if u not in options:
                 continue
             check()
-            table = tables.edge((keys[u], mesh), keys[v], r.index, k, r in grads, options[u], options[v])
+            table, held = tables.edge((keys[u], mesh), keys[v], r.index, k, r in grads, options[u], options[v])
             edges.append((u, v, table))
+            edge_memory.append(held)
     caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
     capacity = float(min(caps) if config.memory_limit is None else min(min(caps), config.memory_limit))
     return Problem(pcg, mesh[0] * mesh[1], nodes, options, node_cost, node_memory, tuple(edges), capacity,
-                   node_sync)
+                   node_sync, tuple(edge_memory))
 
 
 def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
@@ -326,6 +361,7 @@ def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
     stays). Removing options can make others dominated, so passes repeat until none goes."""
     keep = {i: np.arange(len(p.options[i])) for i in p.nodes}
     tables = [t for _, _, t in p.edges]
+    held = p.edge_memories()
     incident: dict[int, list[tuple[int, bool]]] = {i: [] for i in p.nodes}
     for e, (u, v, _) in enumerate(p.edges):
         incident[u].append((e, True))
@@ -339,7 +375,7 @@ def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
                 continue
             parts = [np.asarray(p.node_cost[i])[k][:, None], np.asarray(p.node_memory[i])[k][:, None]]
             for e, out in incident[i]:
-                parts.append(tables[e] if out else tables[e].T)
+                parts += [tables[e], held[e]] if out else [tables[e].T, held[e].T]
             sig = np.concatenate(parts, axis=1)
             le = (sig[:, None, :] <= sig[None, :, :]).all(axis=2)       # le[a, b]: a no worse than b
             eq = le & le.T
@@ -353,10 +389,12 @@ def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
             keep[i] = k[alive]
             for e, out in incident[i]:
                 tables[e] = tables[e][alive, :] if out else tables[e][:, alive]
+                held[e] = held[e][alive, :] if out else held[e][:, alive]
     q = Problem(p.pcg, p.pieces, p.nodes, {i: tuple(p.options[i][j] for j in keep[i]) for i in p.nodes},
                 {i: tuple(p.node_cost[i][j] for j in keep[i]) for i in p.nodes},
                 {i: tuple(p.node_memory[i][j] for j in keep[i]) for i in p.nodes},
-                tuple((u, v, t) for (u, v, _), t in zip(p.edges, tables, strict=True)), p.capacity)
+                tuple((u, v, t) for (u, v, _), t in zip(p.edges, tables, strict=True)), p.capacity,
+                edge_memory=tuple(held))
     return q, {i: tuple(int(j) for j in keep[i]) for i in p.nodes}
 
 
@@ -374,8 +412,9 @@ def solve_problem(p: Problem) -> dict[int, int] | None:
     integer program with memory as a constraint (exact), and a larger one keeps the
     cheapest that fits. A graph too entangled to eliminate goes to the integer program."""
     q, kept = prune_dominated(p)
-    if not q.fits({i: min(range(len(q.options[i])), key=q.node_memory[i].__getitem__) for i in q.nodes}):
-        return None     # even each operator's leanest option does not fit: nothing can (memory adds up)
+    least = sum(min(q.node_memory[i]) for i in q.nodes) + sum(float(m.min()) for m in q.edge_memories() if m.size)
+    if least > q.capacity:
+        return None     # even each operator's and edge's leanest choice does not fit: nothing can (memory adds up)
     sizes = {i: len(q.options[i]) for i in q.nodes}
     try:
         plan = Elimination(sizes, [(u, v) for u, v, _ in q.edges])
@@ -411,10 +450,12 @@ def _priced_memory(p: Problem, plan: Elimination) -> tuple[dict[int, int] | None
     memory = {i: np.asarray(p.node_memory[i]) for i in p.nodes}
     cost = {i: np.asarray(p.node_cost[i]) for i in p.nodes}
     tables = [t for _, _, t in p.edges]
+    held = p.edge_memories()
 
     def at(rate: float) -> tuple[dict[int, int], float, float]:
-        _, x = plan.run({i: cost[i] + rate * memory[i] for i in p.nodes}, tables)
-        return x, p.objective(x), sum(float(memory[i][x[i]]) for i in p.nodes)
+        _, x = plan.run({i: cost[i] + rate * memory[i] for i in p.nodes},
+                        [t + rate * m for t, m in zip(tables, held, strict=True)])
+        return x, p.objective(x), p.memory(x)
 
     scale = max(float(np.max(c[np.isfinite(c)], initial=0.0)) for c in cost.values()) or 1.0
     rate = scale / max(p.capacity, 1.0)
@@ -461,11 +502,12 @@ def _solve_milp(p: Problem) -> dict[int, int] | None:
 
     for i in p.nodes:
         constraint([(index[(i, k)], 1.0) for k in range(len(p.options[i]))], 1.0, 1.0)
+    memory_row = len(lo)
     constraint([(index[(i, k)], p.node_memory[i][k]) for i in p.nodes for k in range(len(p.options[i]))],
                -np.inf, p.capacity)
     integrality = [1] * len(index)
     upper_y: list[float] = []
-    for u, v, table in p.edges:
+    for (u, v, table), held in zip(p.edges, p.edge_memories(), strict=True):
         # y_ab = x_ua * x_vb through its marginals: sum_b y_ab = x_ua, sum_a y_ab = x_vb. The
         # relaxation of this form is tight on trees (local consistency), so little branching.
         first = len(c)
@@ -475,6 +517,10 @@ def _solve_milp(p: Problem) -> dict[int, int] | None:
             c.append(cost if math.isfinite(cost) else 0.0)
             integrality.append(0)
             upper_y.append(1.0 if math.isfinite(cost) else 0.0)
+            if math.isfinite(cost) and held[a_, b_] > 0:   # the edge's resharding buffers, in the memory row
+                rows.append(memory_row)
+                cols.append(len(c) - 1)
+                vals.append(float(held[a_, b_]))
         for a_ in range(na):
             constraint([(first + a_ * nb + b_, 1.0) for b_ in range(nb)] + [(index[(u, a_)], -1.0)], 0.0, 0.0)
         for b_ in range(nb):
