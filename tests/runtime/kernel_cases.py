@@ -236,6 +236,7 @@ def _cases() -> list[Case]:
 
     c += [
         Case("matmul_batched_2d", "MatMul", [f(2, 3, 4), f(4, 5)]),
+        Case("matmul_4d_2d", "MatMul", [f(2, 2, 3, 4), f(4, 5)]),      # leading dims folded into one GEMM
         Case("matmul_vec_batched", "MatMul", [f(4), f(2, 4, 5)]),
         Case("matmul_broadcast_batch", "MatMul", [f(2, 1, 3, 4), f(3, 4, 2)]),
         Case("matmul_mat_vec", "MatMul", [f(3, 4), f(4)]),

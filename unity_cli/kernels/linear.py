@@ -4,14 +4,27 @@ from __future__ import annotations
 from .registry import register, unbroadcast
 
 
+def _folds(a, b) -> bool:
+    """Whether ``a @ b`` is one 2-D GEMM with ``a``'s leading dims folded into its rows (a
+    batched activation times a weight matrix): numpy would otherwise run one small GEMM per
+    leading index (1.5x slower on BERT's [16, 32, 128] @ [128, 512]), and backward would
+    sum the weight's gradient over them instead of taking it in one GEMM."""
+    return b.ndim == 2 and a.ndim > 2
+
+
 def matmul_forward(op, xs, xp):
     a, b = xs
+    if _folds(a, b):
+        return [xp.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[1:])], (a, b)
     return [xp.matmul(a, b)], (a, b)
 
 
 def matmul_backward(op, ctx, gs, xp):
     a, b = ctx
     g = gs[0]
+    if _folds(a, b):
+        g2 = g.reshape(-1, g.shape[-1])
+        return [xp.matmul(g2, b.T).reshape(a.shape), xp.matmul(a.reshape(-1, a.shape[-1]).T, g2)]
     # Promote 1-D operands to matrices as matmul does, and g to the promoted output.
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
