@@ -48,6 +48,8 @@ def test_measured_equals_predicted(plans, model, strategy, devices):
     written = json.loads(plan.read_text())
     assert written["predicted"]["comm_bytes"] == doc["comm_bytes"]["predicted"]
     assert doc["plan_sha256"] == written["content_sha256"]   # what report --measured checks
+    # Each rank's peak resident memory: a Python process with numpy and the model, well under a GiB.
+    assert len(doc["peak_rss_bytes"]) == devices and all(20 * 2**20 < b < 2**30 for b in doc["peak_rss_bytes"])
 
 
 def test_reduce_broadcast_and_every_gradient(plans, tmp_path):
@@ -79,3 +81,5 @@ def test_summary_shows_both(plans):
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith("bytes")]
     assert [row[1] for row in rows] == ["measured", "predicted"] and "(equal)" in r.stdout
     assert rows[0][2:4] == rows[1][2:4]            # rank 0's and rank 1's bytes
+    (memory,) = [line for line in r.stdout.splitlines() if line.startswith("memory")]
+    assert "peak resident" in memory and "MiB" in memory

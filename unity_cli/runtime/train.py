@@ -9,6 +9,7 @@ makes rank R fail in the middle of step S's forward pass, to test exactly that.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -80,6 +81,7 @@ class RunReport:
     sent_bytes: list[int] = field(default_factory=list)            # per rank: bytes of tensor data sent per step
     predicted_sent_bytes: list[int] = field(default_factory=list)  # per device, from the plan (cost.moves)
     plan_sha256: str = ""          # the plan's content_sha256: report --measured checks the run is of its plan
+    peak_rss_bytes: list[int] = field(default_factory=list)   # per rank: the process's peak resident memory
 
     @property
     def measured_ms(self) -> float:
@@ -100,6 +102,7 @@ class RunReport:
             "ratio": self.ratio, "warnings": self.warnings,
             "phases_ms": {"measured": self.phases_ms, "predicted": self.predicted_phases_ms},
             "comm_bytes": {"measured": self.sent_bytes, "predicted": self.predicted_sent_bytes},
+            "peak_rss_bytes": self.peak_rss_bytes,
         }
         if self.check is not None:
             out["check"] = self.check
@@ -123,6 +126,10 @@ class RunReport:
                       for k, row in enumerate(phase_table(self.phases_ms, self.predicted_phases_ms))]
         if self.sent_bytes:
             lines += _bytes_lines(self.sent_bytes, self.predicted_sent_bytes)
+        if self.peak_rss_bytes:
+            shown = " ".join(f"{b / 2**20:.0f}" for b in self.peak_rss_bytes[:8])
+            lines.append(f"memory   peak resident {shown}{' ...' if len(self.peak_rss_bytes) > 8 else ''} MiB "
+                         f"(by rank; largest {max(self.peak_rss_bytes) / 2**20:.0f} MiB)")
         if self.check is not None:
             state = "passed" if self.check["passed"] else "FAILED"
             lines.append(f"check    {state}: max relative error {self.check['max_rel_err']:.2e} "
@@ -131,6 +138,12 @@ class RunReport:
             lines.append(f"saved    {self.saved}")
         lines += [f"warning  {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes (Linux reports kibibytes, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _bytes_lines(measured: list[int], predicted: list[int]) -> list[str]:
@@ -358,6 +371,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     all_times = comm.allgather_obj(times)
     phases = mean_over_ranks(comm.allgather_obj(clock.medians_ms()))
     sent = comm.allgather_obj(clock.sent)            # per rank, per step (exact fractions)
+    rss = comm.allgather_obj(peak_rss())
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
     final = job.params.gather(0) if opts.save else {}
     failure = None
@@ -379,5 +393,5 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
                        float(job.plan.predicted.get("step_time_ms", 0.0)),
                        check.to_json() if check is not None else None, saved, warnings,
                        phases, predicted_phases, [round(steps[-1]) for steps in sent], predicted_sent,
-                       job.plan.sha256)
+                       job.plan.sha256, rss)
     return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)
