@@ -49,8 +49,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import (CostConfig, CostContext, _compute_time, estimate, memory_per_device, node_cost,
-                          price_table, update_seconds)
+from ..cost.model import (
+    CostConfig,
+    CostContext,
+    _compute_time,
+    estimate,
+    memory_per_device,
+    node_cost,
+    price_table,
+    update_seconds,
+)
 from ..deadline import check
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
@@ -236,8 +244,7 @@ class _Pricer:
         seconds = sum(c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
         if kind != "activation":
             return seconds, 0.0       # a weight's pieces are counted with the operator that reads them
-        mine = [i in range(first, len(pcg)) for i in range(len(pcg))]
-        devs = [views[i].devices(n.outputs[0]) if mine[i] else () for i, n in pcg]
+        devs = [views[i].devices(n.outputs[0]) if i >= first else () for i, n in pcg]   # the resharding's only
         return seconds, float(max(memory_per_device(pcg, devs, ctx.layout, self.cluster.num_devices, self.config)))
 
 
