@@ -157,7 +157,9 @@ def _disagreement(data: dict, pcg: PCG) -> str:
     if len(model["outputs"]) != len(pcg.outputs) or not all(isinstance(o, str) for o in model["outputs"]):
         return f"model.outputs: {model['outputs']} does not name the graph's {len(pcg.outputs)} output(s)"
     rows, strategy = data["baselines"], data["strategy"]
-    if not isinstance(rows, dict) or not isinstance(strategy, str) or strategy not in rows:
+    if not isinstance(rows, dict):
+        return "baselines: expected an object of priced rows"
+    if not isinstance(strategy, str) or strategy not in rows:
         return f"strategy: {strategy!r} is none of the priced rows in baselines ({', '.join(sorted(rows))})"
     said = data["predicted"].get("step_time_ms") if isinstance(data["predicted"], dict) else None
     if not isinstance(rows[strategy], dict) or rows[strategy].get("step_time_ms") != said:
