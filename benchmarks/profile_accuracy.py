@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = REPO / "tests" / "models" / "shared"
+MODELS = REPO / "tests" / "models" / "tiny"   # the vendored exports
 CLUSTER = REPO / "cluster_specs" / "local-cpu.yaml"
 BIN = Path(sys.executable).parent
 UNITY = str(BIN / "unity")
