@@ -134,10 +134,8 @@ class Problem:
     def memory(self, choice: dict[int, int]) -> float:
         """Bytes per device of one assignment: its operators' and its edges' resharding."""
         total = sum(self.node_memory[i][choice[i]] for i in self.nodes)
-        if self.edge_memory is not None:
-            total += sum(float(m[choice[u], choice[v]]) for (u, v, _), m in zip(self.edges, self.edge_memory,
-                                                                                  strict=True))
-        return total
+        return total + sum(float(m[choice[u], choice[v]])
+                           for (u, v, _), m in zip(self.edges, self.edge_memories(), strict=True))
 
     def fits(self, choice: dict[int, int]) -> bool:
         return self.memory(choice) <= self.capacity
