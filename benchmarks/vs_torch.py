@@ -83,7 +83,7 @@ if what.endswith(".npz"):     # the MLP, with unity's weights
         if i < n - 1:
             mods.append(torch.nn.ReLU())
     net, classes = torch.nn.Sequential(*mods), layers[f"w{n-1}"].shape[0]
-    inputs = lambda k: torch.randn(k, layers["w0"].shape[1], generator=g)
+    inputs = lambda k, gen: torch.randn(k, layers["w0"].shape[1], generator=gen)
 else:                         # a module of torch_models.py, as the benchmark exported it
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[6])))
     from torch_models import MODELS
@@ -96,7 +96,7 @@ loss_fn = torch.nn.CrossEntropyLoss()
 local = batch // world
 times = []
 for s in range(steps):
-    x = inputs(local) if what.endswith(".npz") else inputs(local, g)
+    x = inputs(local, g)
     y = torch.randint(0, classes, (local,), generator=g)
     dist.barrier()
     t = time.perf_counter()
