@@ -10,6 +10,7 @@ order, without building the ones it would throw away.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -92,9 +93,14 @@ def _terms(p: Pattern, inputs: Sequence[str], names: dict[str, str]) -> tuple[st
 
 def _commutative(node: PatternNode) -> bool:
     """Whether the operator reads its inputs in any order (asked of its spec)."""
-    spec = spec_by_kind(node.kind)
+    return _commutative_op(node.kind, node.attrs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _commutative_op(kind: str, pattern_attrs: tuple) -> bool:
+    spec = spec_by_kind(kind)
     try:
-        attrs = spec.attrs_type(**dict(node.attrs))
+        attrs = spec.attrs_type(**dict(pattern_attrs))
     except (TypeError, ValueError):
         return False    # pattern attributes that are not the op's fields (axes, parts): not commutative
     return spec.commutative(attrs)

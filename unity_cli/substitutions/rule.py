@@ -107,6 +107,12 @@ class Rule:
         return any(n.kind in PARALLEL_KINDS for n in self.src.nodes + self.dst.nodes)
 
     def reversed(self) -> Rule:
+        """The rule read right to left (made once per rule: every search of a run reverses
+        the same rules)."""
+        return self._reversed
+
+    @cached_property
+    def _reversed(self) -> Rule:
         return Rule(self.inputs, self.params, self.dst, self.src, self.constraints, self.name, self.meta)
 
     def _body(self) -> dict[str, Any]:
