@@ -11,7 +11,15 @@ from unity_cli.cost.model import Optimizer, estimate
 from unity_cli.plan.config import plan_config
 from unity_cli.plan.plan import load_plan
 from unity_cli.runtime import phases
-from unity_cli.runtime.phases import PHASES, StepClock, TimedComm, mean_over_ranks, phase_table, predicted_phases_ms
+from unity_cli.runtime.phases import (
+    PHASES,
+    StepClock,
+    TimedComm,
+    mean_over_ranks,
+    measured_phases_ms,
+    phase_table,
+    predicted_phases_ms,
+)
 
 
 class _Clock:
@@ -66,6 +74,74 @@ def test_clock_splits_wall_time_into_compute_and_communication(monkeypatch):
     for k, v in expected.items():
         assert ms[k] == pytest.approx(v, abs=1e-9), k
     assert ms["other"] == pytest.approx(100 - 15 - 20 - 5 - 10, abs=1e-6)   # the step's time no phase took
+
+
+class _Rank(_Comm):
+    """Rank ``rank`` of ``size``, whose calls take the seconds the test gives them in turn."""
+
+    def __init__(self, clock: _Clock, rank: int, size: int, seconds: list[float]) -> None:
+        super().__init__(clock)
+        self.rank, self.size, self.seconds = rank, size, list(seconds)
+
+    def exchange(self, sends, recvs, tag):
+        self.clock.sleep(self.seconds.pop(0))
+
+    def allreduce(self, group, buf):
+        self.clock.sleep(self.seconds.pop(0))
+
+    sum_host = allreduce
+
+
+def _two_steps(monkeypatch, rank: int, size: int, seconds: list[float], calls) -> StepClock:
+    """A warm-up step and one more, each making ``calls`` (``comm -> None``) in forward,
+    1 ms of compute before them."""
+    fake = _Clock()
+    monkeypatch.setattr(phases, "time", fake)
+    comm = TimedComm(_Rank(fake, rank, size, seconds * 2))
+    clock = StepClock(comm)
+    for _ in range(2):
+        clock.start()
+        fake.sleep(0.001)
+        calls(comm)
+        clock.lap("fwd_compute", "fwd_comm")
+        clock.stop(fake.now)
+        fake.now = 0.0
+    return clock
+
+
+def test_waiting_is_taken_out_of_the_call_every_rank_makes(monkeypatch):
+    """Rank 0 reaches the all-reduce 20 ms before rank 1: 30 ms in it against 10. The
+    transfer is the 10 ms both spent at least; rank 0's other 20 ms are waiting."""
+    def calls(comm):
+        comm.allreduce((0, 1), None)
+    ranks = [_two_steps(monkeypatch, r, 2, [s], calls) for r, s in enumerate((0.030, 0.010))]
+    ms = measured_phases_ms([c.steps for c in ranks], [c.calls for c in ranks])
+    assert ms["fwd_comm"] == pytest.approx(10.0) and ms["waiting"] == pytest.approx(10.0)   # (20 + 0) / 2
+    assert ms["fwd_compute"] == pytest.approx(1.0)
+    # Without the split each rank keeps what it spent: (30 + 10) / 2 = 20 ms of communication.
+    plain = mean_over_ranks([c.medians_ms() for c in ranks])
+    assert plain["fwd_comm"] == pytest.approx(20.0) and plain["waiting"] == 0.0
+
+
+def test_calls_match_by_their_ranks_and_their_order(monkeypatch):
+    """Two collectives on one group match in order; an exchange matches the peer's exchange
+    with this rank; a call on a group of this rank alone, or with a peer that made no such
+    call, keeps all its time."""
+    def calls(comm):
+        comm.allreduce((0, 1), None)                     # key ((group 0 1), 0)
+        comm.allreduce((0, 1), None)                     # ((group 0 1), 1)
+        comm.exchange([(1 - comm.rank, None)], [], 0)    # rank 0 sends to 1, rank 1 to 0: ((p2p 0 1), 0)
+        comm.allreduce((comm.rank,), None)               # alone
+        comm.exchange([], [], 0)                         # no peer: not a call to match
+    r0 = _two_steps(monkeypatch, 0, 2, [0.004, 0.009, 0.005, 0.007, 0.0], calls)
+    r1 = _two_steps(monkeypatch, 1, 2, [0.006, 0.002, 0.001, 0.003, 0.0], calls)
+    keys = [[k for _, k, _ in c.calls[1]] for c in (r0, r1)]
+    assert keys[0][:3] == keys[1][:3] and keys[0][3] != keys[1][3] and len(keys[0]) == 4
+    ms = measured_phases_ms([r0.steps, r1.steps], [r0.calls, r1.calls])
+    # transfers 4 + 2 + 1 ms, alone 7 and 3 ms: (14 + 10) / 2; waiting (0 + 7 + 4) and (2 + 0 + 0)
+    assert ms["fwd_comm"] == pytest.approx(12.0) and ms["waiting"] == pytest.approx(6.5)
+    whole = mean_over_ranks([r0.medians_ms(), r1.medians_ms()])
+    assert ms["fwd_comm"] + ms["waiting"] == pytest.approx(whole["fwd_comm"])   # moved, not lost
 
 
 def test_mean_over_ranks_skips_empty_ranks():

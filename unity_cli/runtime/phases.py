@@ -2,9 +2,10 @@
 
 ``unity run`` times each rank's step in the phases the cost model simulates: forward and
 backward, each split into compute (kernels and the executor's own work) and communication
-(time inside the communicator: moving pieces, collectives, and waiting for the ranks on
-the other end), the loss, the gradient all-reduces and the optimizer update. The cost
-model's events give the same phases for each device. Both are busy times per step, so
+(time inside the communicator moving pieces and running collectives), the loss, the
+gradient all-reduces and the optimizer update; and, apart, the time spent inside the
+communicator waiting for the ranks on the other end (``waiting``: the simulation leaves a
+device idle then). The cost model's events give the same phases for each device. Both are busy times per step, so
 phases that overlap in the simulation (a gradient all-reduce on the communication lane
 beside backward compute) can add up to more than the predicted step. With cupy the
 phases are host time: kernels and NCCL calls return before the GPU has run them.
@@ -15,6 +16,7 @@ convention the plan predicts them with (:func:`unity_cli.cost.comm.sent_bytes`),
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -25,9 +27,11 @@ from typing import Any
 from ..cluster.collectives import Collective, sent_ratio
 from ..ir.schedule import LOSS_VALUE_BYTES
 
-PHASES = ("fwd_compute", "fwd_comm", "loss", "bwd_compute", "bwd_comm", "grad_sync", "optimizer", "other")
+PHASES = ("fwd_compute", "fwd_comm", "loss", "bwd_compute", "bwd_comm", "grad_sync", "optimizer", "waiting",
+          "other")
 HEADINGS = {"fwd_compute": "fwd comp", "fwd_comm": "fwd comm", "loss": "loss", "bwd_compute": "bwd comp",
-            "bwd_comm": "bwd comm", "grad_sync": "grad sync", "optimizer": "optimizer", "other": "other"}
+            "bwd_comm": "bwd comm", "grad_sync": "grad sync", "optimizer": "optimizer", "waiting": "waiting",
+            "other": "other"}
 _DATA_PLANE = ("exchange", "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "sum_host")
 
 
@@ -81,25 +85,61 @@ def _nbytes(buf: Any) -> int:
     return int(getattr(buf, "nbytes", 0))
 
 
+Call = tuple[tuple, float]
+"""One data-plane call: the key every rank taking part knows it by (:meth:`TimedComm.key`),
+and the seconds this rank spent in it."""
+
+
 class TimedComm:
     """A communicator that adds the seconds spent in its data-plane calls to ``seconds``
-    and the bytes they send to ``sent`` (everything else passes straight through)."""
+    and the bytes they send to ``sent``, and keeps each call of the step in ``calls``
+    (everything else passes straight through)."""
 
     def __init__(self, comm: Any):
         self._comm = comm
         self.seconds = 0.0
         self.sent = ByteCounter()
+        self.calls: list[Call] = []
+        self._made: dict[tuple, int] = {}
         for name in _DATA_PLANE:
             setattr(self, name, self._timed(name, getattr(comm, name)))
+
+    def new_step(self) -> None:
+        """Start numbering the calls afresh (each step makes the same calls)."""
+        self.calls, self._made = [], {}
+
+    def key(self, name: str, args: Sequence[Any]) -> tuple | None:
+        """The ranks a call takes part with, and how many calls on those ranks came before it
+        this step: the same on every rank taking part, because the collectives of one group
+        run in one order everywhere, and so do the point-to-point exchanges of two ranks that
+        only talk to each other (None: an exchange with no peer)."""
+        me = self._comm.rank
+        match name:
+            case "exchange":
+                peers = {r for r, _ in args[0]} | {r for r, _ in args[1]}
+                if not peers:
+                    return None
+                ranks = ("p2p", *sorted(peers | {me}))
+            case "sum_host":
+                ranks = ("group", *range(self._comm.size))
+            case _:
+                ranks = ("group", *args[0])
+        made = self._made.get(ranks, 0)
+        self._made[ranks] = made + 1
+        return ranks, made
 
     def _timed(self, name: str, call: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             count_call(self.sent, name, self._comm.rank, self._comm.size, args)
+            key = self.key(name, args)
             t0 = time.perf_counter()
             try:
                 return call(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                self.seconds += spent
+                if key is not None:
+                    self.calls.append((key, spent))
         return timed
 
     def __getattr__(self, name: str) -> Any:
@@ -112,13 +152,16 @@ class StepClock:
     def __init__(self, comm: TimedComm):
         self.comm = comm
         self.steps: list[dict[str, float]] = []
+        self.calls: list[tuple[tuple[str, tuple, float], ...]] = []   # step by step: (phase, key, seconds)
         self.sent: list[Fraction] = []          # bytes this rank sent, step by step
         self._wall = self._comm = 0.0
         self._sent0 = Fraction(0)
         self._now: dict[str, float] = {}
+        self._calls: list[tuple[str, tuple, float]] = []
 
     def start(self) -> None:
-        self._now = {}
+        self._now, self._calls = {}, []
+        self.comm.new_step()
         self._wall, self._comm = time.perf_counter(), self.comm.seconds
         self._sent0 = self.comm.sent.total
 
@@ -132,18 +175,55 @@ class StepClock:
         else:
             self._now[comm] = self._now.get(comm, 0.0) + talk
             self._now[compute] = self._now.get(compute, 0.0) + total - talk
+        made = self.comm.calls[len(self._calls):]
+        self._calls += [(comm or compute, key, seconds) for key, seconds in made]
         self._wall, self._comm = wall, spent
 
     def stop(self, step_seconds: float) -> None:
         """Close the step; what its wall time has beyond the phases is ``other``."""
         self._now["other"] = max(0.0, step_seconds - sum(self._now.values()))
         self.steps.append(self._now)
+        self.calls.append(tuple(self._calls))
         self.sent.append(self.comm.sent.total - self._sent0)
 
     def medians_ms(self) -> dict[str, float]:
         """Each phase's median over the steps after the first (a warm-up), in ms."""
-        steps = self.steps[1:] or self.steps
-        return {p: statistics.median(s.get(p, 0.0) for s in steps) * 1e3 for p in PHASES} if steps else {}
+        return _medians_ms(self.steps)
+
+
+def _medians_ms(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    steps = steps[1:] or steps
+    return {p: statistics.median(s.get(p, 0.0) for s in steps) * 1e3 for p in PHASES} if steps else {}
+
+
+def measured_phases_ms(steps: Sequence[Sequence[Mapping[str, float]]],
+                       calls: Sequence[Sequence[Sequence[tuple[str, tuple, float]]]]) -> dict[str, float]:
+    """The phases of every rank (``StepClock.steps`` and ``.calls``, rank by rank), the
+    median over the steps after the first, the mean over the ranks, with waiting taken out
+    of communication. A rank that reaches a collective early waits in it for the others, and
+    the rank that comes last waits for nobody: so the least time any rank spent in one call
+    is the call's transfer, and the rest of each rank's time in it goes from the call's phase
+    to ``waiting`` (the cost model prices transfers and leaves waiting idle). A call no other
+    rank shares the key of keeps all its time."""
+    least: list[dict[tuple, float]] = []
+    for s in range(max((len(c) for c in calls), default=0)):
+        fastest: dict[tuple, float] = {}
+        for rank in calls:
+            for _, key, seconds in rank[s] if s < len(rank) else ():
+                fastest[key] = min(fastest.get(key, math.inf), seconds)
+        least.append(fastest)
+    per_rank = []
+    for rank_steps, rank_calls in zip(steps, calls, strict=True):
+        split = []
+        for s, (phases, made) in enumerate(zip(rank_steps, rank_calls, strict=True)):
+            phases = dict(phases)
+            for phase, key, seconds in made:
+                wait = seconds - least[s][key]
+                phases[phase] = phases.get(phase, 0.0) - wait
+                phases["waiting"] = phases.get("waiting", 0.0) + wait
+            split.append(phases)
+        per_rank.append(_medians_ms(split))
+    return mean_over_ranks(per_rank)
 
 
 def mean_over_ranks(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -168,7 +248,7 @@ def predicted_phases_ms(report: Any, devices: int) -> dict[str, float]:
             case _:
                 key = "optimizer"
         busy[key] += (e.end - e.start) * len(e.devices)
-    return {p: busy[p] / max(1, devices) * 1e3 for p in PHASES if p != "other"}
+    return {p: busy[p] / max(1, devices) * 1e3 for p in PHASES if p not in ("waiting", "other")}
 
 
 def phase_table(measured: Mapping[str, float], predicted: Mapping[str, float]) -> list[str]:

@@ -32,7 +32,7 @@ from .executor import build_executor
 from .loss import LossKind, choose_loss
 from .model_io import import_for_plan, resolve_model, save_trained, weight_values
 from .optim import OptimizerConfig
-from .phases import StepClock, mean_over_ranks, phase_table
+from .phases import StepClock, measured_phases_ms, phase_table
 from .weights import ParamStore
 
 LOCAL_CPU = "local-cpu"   # a bundled cluster spec: --cluster takes its name anywhere
@@ -369,7 +369,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
                               job.optimizer.lr, _holder(job.params.program))
     job.executor.clock = None
     all_times = comm.allgather_obj(times)
-    phases = mean_over_ranks(comm.allgather_obj(clock.medians_ms()))
+    phases = measured_phases_ms(comm.allgather_obj(clock.steps), comm.allgather_obj(clock.calls))
     sent = comm.allgather_obj(clock.sent)            # per rank, per step (exact fractions)
     rss = comm.allgather_obj(peak_rss())
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
