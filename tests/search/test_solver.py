@@ -297,8 +297,9 @@ def _solve_whole(p):
 
 def test_solving_both_ends_of_the_sync_price_finds_what_the_simulation_prefers(monkeypatch):
     """BERT-tiny on 8 A100s: charged the weight sync in full (the additive objective cannot
-    see it run beside backward), the solver passes over data parallelism for a plan the
-    simulation prices slower; solved at both ends it is no slower than data parallelism."""
+    see what the simulation runs side by side), the solver passes over data parallelism for
+    a plan the simulation prices slower; solved at both ends it is no slower than data
+    parallelism."""
     from pathlib import Path
 
     from unity_cli.cluster import load_cluster
@@ -318,7 +319,7 @@ def test_solving_both_ends_of_the_sync_price_finds_what_the_simulation_prefers(m
         return estimate(g, default_views(g), c, CostConfig()).step_time
 
     both = solver.SYNC_WEIGHTS
-    assert simulated((1.0,)) > dp_time * 1.01          # the mispricing this guards against
+    assert simulated((1.0,)) > dp_time * 1.005         # the mispricing this guards against
     assert simulated(both) <= dp_time * (1 + 1e-9)
 
 

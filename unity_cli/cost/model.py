@@ -7,8 +7,8 @@ other devices, every parallel op as the runtime runs it, the weight-gradient all
 the loss's gathering), over the spec's links or the profile's measured ones; the
 machine-mapping DP prices nodes with the same :func:`node_cost`. A list-scheduling
 simulation over two streams per device (compute and communication) turns these into a
-step time, so independent work overlaps and the weight-gradient all-reduce hides behind
-the rest of the backward pass where it can.
+step time, so independent work overlaps; the weight-gradient all-reduces run after the
+backward pass of their devices, as the runtime runs them.
 """
 from __future__ import annotations
 
@@ -312,21 +312,25 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         start = max([fwd_end] + free(free_compute, loss_devs))
         fwd_end = busy(LOSS_NODE, "loss", ((gather, True), (loss_s, False)), start)
     grad_ready = [fwd_end] * len(pcg)
+    syncs = []
     for i in range(len(pcg) - 1, -1, -1):
         n, c = pcg.nodes[i], costs[i]
         users = pcg.consumers[i]
         start = max([grad_ready[u] for u, _ in users] + [fwd_end], default=fwd_end)
         if c.grad_sync > 0:
-            s = max([start] + free(free_comm, devs[i]))
-            events.append(Event(i, "sync", Stream.COMM, devs[i], s, s + c.grad_sync))
-            free_comm[device_array(devs[i])] = s + c.grad_sync
-            grad_ready[i] = s + c.grad_sync
+            syncs.append((i, start))
             continue
         if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:
             s = max([start] + free(free_compute, devs[i]))
             grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:
             grad_ready[i] = start
+    # The runtime all-reduces a device's weight gradients when its whole backward is done
+    # (runtime/weights.py: one flat buffer per group), not beside it, and so does this.
+    for i, start in syncs:
+        s = max([start] + free(free_compute, devs[i]) + free(free_comm, devs[i]))
+        events.append(Event(i, "sync", Stream.COMM, devs[i], s, s + costs[i].grad_sync))
+        free_comm[device_array(devs[i])] = s + costs[i].grad_sync
     return events
 
 

@@ -78,9 +78,9 @@ VARIABLE_LIMIT = 400_000
 starts. A count, not seconds, so the same inputs give the same plan on any machine."""
 SYNC_WEIGHTS = (1.0, 0.0)
 """How much of the weight-gradient sync each solve charges. The additive objective cannot
-see that the step simulation runs the sync beside the backward pass: charged in full
-(an upper bound) it overprices data parallelism, charged nothing (a lower bound) it
-underprices it. Each mesh is solved at both ends and the simulation picks."""
+see what the step simulation runs side by side (one group's sync beside another's
+backward, independent branches): charged in full it overprices data parallelism, charged
+nothing it underprices it. Each mesh is solved at both ends and the simulation picks."""
 NODE_LIMIT = 2_000
 """Branch-and-bound nodes HiGHS may explore per program (a work bound, not a time one)."""
 
