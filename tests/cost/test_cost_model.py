@@ -225,3 +225,24 @@ def test_infeasible_report_names_the_amounts(tiny_mlp, tmp_path):
     assert report.infeasible.startswith("needs ")
     assert "which has 4.0 KiB" in report.infeasible and "on device 0" in report.infeasible
     assert need > 4096
+
+
+@pytest.mark.parametrize("cluster_name", ["dgx8", "dgx32"])
+def test_gradient_sync_is_one_flat_all_reduce_after_backward(models, request, cluster_name):
+    """Priced as the runtime syncs (runtime/weights.py): every weight gradient a group keeps
+    in one flat all-reduce, once the group's backward pass is done. One all-reduce per weight
+    would pay each weight's latency; beside backward it would hide behind it."""
+    from unity_cli.ir.ops.sources import WeightAttrs
+
+    c = request.getfixturevalue(cluster_name)
+    b = data_parallel(models["mlp"], c)
+    rep = estimate(b.pcg, default_views(b.pcg), c, CostConfig())
+    syncs = [e for e in rep.events if e.phase == "sync"]
+    everyone = tuple(sorted({d for e in rep.events if e.phase == "bwd" for d in e.devices}))   # the batch's
+    weights = sum(n.outputs[0].logical.numel * 4 for _, n in b.pcg if isinstance(n.op, WeightAttrs) and n.op.trainable)
+    assert len(syncs) == 1 and syncs[0].devices == everyone
+    flat = groups_time(Collective.ALL_REDUCE, weights, c, [everyone])
+    assert syncs[0].end - syncs[0].start == pytest.approx(flat, rel=1e-12)
+    assert sum(n.grad_sync for n in rep.nodes) > flat * 1.001       # the per-weight price, latencies added
+    assert syncs[0].start >= max(e.end for e in rep.events if e.phase == "bwd")
+    assert rep.step_time == pytest.approx(max(e.end for e in rep.events))

@@ -19,6 +19,7 @@ from enum import Enum
 
 import numpy as np
 
+from ..cluster.collectives import Collective
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes
 from ..deadline import check
@@ -239,7 +240,8 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     sent = sent_rounded((m for _, ms in priced for m in ms), cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = config.profile.loss(cluster.device_type(out_devs[0])) if config.profile is not None else 0.0
-    events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss))
+    syncs = _flat_syncs([m for _, ms in priced for m in ms if m.phase == "sync"], cluster, config.profile)
+    events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs)
     update = _update_time(pcg, devs, layout, cluster, config)
     end = max((e.end for e in events), default=0.0)
     busiest_compute = np.zeros(cluster.num_devices)
@@ -272,14 +274,36 @@ LOSS_NODE = -2
 """The node of the loss events (the update's is -1): gathering the output's pieces the loss
 needs together (``NodeCost.comm_loss``), then the runtime's fixed work per step between
 forward and backward, measured by the profile (``loss_s``)."""
+SYNC_NODE = -3
+"""The node of the gradient all-reduce events: each is the flat all-reduces of groups of one
+size and buffer size, run at once."""
+
+
+def _flat_syncs(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None
+                ) -> list[tuple[tuple[int, ...], float]]:
+    """The gradient sync as the runtime runs it (``runtime/weights.py``): one all-reduce per
+    group of devices, over one flat buffer of every weight region the group keeps, not one
+    per weight. Groups of the same size and buffer run at once (sharing a node's network
+    interface, as :func:`~unity_cli.cost.moves.phase_seconds` prices them); each such class
+    is ``(its devices, seconds)``."""
+    flat: dict[tuple[int, ...], int] = {}
+    for m in moves:
+        flat[m.group] = flat.get(m.group, 0) + m.nbytes
+    classes: dict[tuple[int, int], list[Move]] = {}
+    for g, nbytes in sorted(flat.items()):
+        classes.setdefault((len(g), nbytes), []).append(Move(Collective.ALL_REDUCE, "sync", g, nbytes))
+    return [(tuple(sorted({d for m in ms for d in m.group})), phase_seconds(ms, cluster, profile)["sync"])
+            for ms in classes.values()]
 
 
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
               layout: Sequence[int | None], num_devices: int,
-              loss: tuple[tuple[int, ...], float] = ((), 0.0)) -> list[Event]:
+              loss: tuple[tuple[int, ...], float] = ((), 0.0),
+              syncs: Sequence[tuple[tuple[int, ...], float]] = ()) -> list[Event]:
     """List scheduling: forward in topological order, the loss on the output's devices,
-    backward in reverse; each node waits for its inputs (forward) or its consumers'
-    gradients (backward) and for its devices."""
+    backward in reverse, each node waiting for its inputs (forward) or its consumers'
+    gradients (backward) and for its devices; then the gradient all-reduces ``syncs``
+    (:func:`_flat_syncs`) on each group's devices once their backward is done."""
     free_compute = np.zeros(num_devices)    # when each device's streams are next free
     free_comm = np.zeros(num_devices)
 
@@ -312,25 +336,22 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         start = max([fwd_end] + free(free_compute, loss_devs))
         fwd_end = busy(LOSS_NODE, "loss", ((gather, True), (loss_s, False)), start)
     grad_ready = [fwd_end] * len(pcg)
-    syncs = []
     for i in range(len(pcg) - 1, -1, -1):
         n, c = pcg.nodes[i], costs[i]
         users = pcg.consumers[i]
         start = max([grad_ready[u] for u, _ in users] + [fwd_end], default=fwd_end)
-        if c.grad_sync > 0:
-            syncs.append((i, start))
-            continue
-        if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:
+        if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None and c.grad_sync == 0:
             s = max([start] + free(free_compute, devs[i]))
             grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:
             grad_ready[i] = start
-    # The runtime all-reduces a device's weight gradients when its whole backward is done
-    # (runtime/weights.py: one flat buffer per group), not beside it, and so does this.
-    for i, start in syncs:
-        s = max([start] + free(free_compute, devs[i]) + free(free_comm, devs[i]))
-        events.append(Event(i, "sync", Stream.COMM, devs[i], s, s + costs[i].grad_sync))
-        free_comm[device_array(devs[i])] = s + costs[i].grad_sync
+    # The runtime all-reduces a device's weight gradients when its whole backward is done,
+    # not beside it, and so does this.
+    for ds, seconds in syncs:
+        if seconds > 0:
+            s = max(free(free_compute, ds) + free(free_comm, ds))
+            events.append(Event(SYNC_NODE, "sync", Stream.COMM, ds, s, s + seconds))
+            free_comm[device_array(ds)] = s + seconds
     return events
 
 

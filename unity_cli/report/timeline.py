@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import LOSS_NODE, CostReport, Event, Stream
+from ..cost.model import LOSS_NODE, SYNC_NODE, CostReport, Event, Stream
 from ..ir.pcg import PCG
 from .markup import devices_label, esc, ms, nice_step, num
 from .operators import node_label
@@ -101,7 +101,8 @@ def render_timeline(report: CostReport, pcg: PCG, num_devices: int, max_rows: in
             w = max((e.end - e.start) * 1e3 * scale, 0.4)
             if e.node not in labels:
                 labels[e.node] = ("optimizer update (all weights)" if e.node == -1 else "loss" if e.node == LOSS_NODE
-                                  else node_label(pcg, e.node))
+                                  else "gradient all-reduce (all weights, one flat buffer per group)"
+                                  if e.node == SYNC_NODE else node_label(pcg, e.node))
             tip = (f"{labels[e.node]}\n{KINDS[kind]} ({e.phase}, {e.stream.value} stream)\n"
                    f"{ms(e.start * 1e3)} – {ms(e.end * 1e3)}: {ms((e.end - e.start) * 1e3)}\n"
                    f"on {devices_label(e.devices)}")
