@@ -10,11 +10,11 @@ import pytest
 
 from unity_cli.ir.ops.binary import BINARY
 from unity_cli.ir.ops.unary import UNARY
-from unity_cli.ir.opspec import all_specs
+from unity_cli.ir.opspec import OpKind, OpSpec, all_specs, register
 from unity_cli.kernels import has_kernel
 from unity_cli.substitutions import verify
 
-ENCODED = set(re.findall(r'case "([A-Za-z]+)"', inspect.getsource(verify.encode)))
+ENCODED = set(re.findall(r'case OpKind\.([A-Za-z]+)', inspect.getsource(verify.encode)))
 """The kinds ``verify.encode`` writes in the axioms' symbols (its match cases)."""
 
 
@@ -40,3 +40,15 @@ def test_the_elementwise_kinds_take_their_functions_from_one_table():
 def test_the_case_scan_sees_the_encoded_kinds():
     """The scan above can fail: it finds MatMul and not Softmax."""
     assert "MatMul" in ENCODED and "Softmax" not in ENCODED
+
+
+def test_the_kinds_are_one_enum_and_every_member_has_a_spec():
+    """The registry and ``OpKind`` are the same set; a spec whose kind is a bare string (a
+    new operator that skipped the enum) is refused when it registers."""
+    assert set(all_specs()) == set(OpKind)
+    assert all(type(spec.kind) is OpKind for spec in all_specs().values())
+
+    class Stray(OpSpec):
+        kind = "Stray"
+    with pytest.raises(RuntimeError, match="OpKind"):
+        register(Stray)

@@ -28,16 +28,70 @@ import math
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any, ClassVar, Final
 
 from ..errors import ShapeError
 from .dtypes import DType
 from .shapes import ParallelDim, ParallelTensorShape, TensorShape
 
-SUM: Final = "sum"
-WHOLE: Final = "whole"
-Role = int | str
+
+class OpKind(StrEnum):
+    """Every operator kind, as its spec registers it and rule files and plans spell it (a
+    ``str``, so a kind read from a file is one). A new operator adds its member here and its
+    spec in ``ir/ops/``; :func:`register` refuses a spec whose kind is not a member."""
+
+    BatchNormalization = "BatchNormalization"
+    Binary = "Binary"
+    Cast = "Cast"
+    Combine = "Combine"
+    Concat = "Concat"
+    Conv = "Conv"
+    CumSum = "CumSum"
+    Einsum = "Einsum"
+    Expand = "Expand"
+    Gather = "Gather"
+    GatherElements = "GatherElements"
+    GatherND = "GatherND"
+    Gemm = "Gemm"
+    GlobalPool = "GlobalPool"
+    Hardmax = "Hardmax"
+    Input = "Input"
+    LRN = "LRN"
+    LayerNormalization = "LayerNormalization"
+    MatMul = "MatMul"
+    OneHot = "OneHot"
+    Pad = "Pad"
+    Pool = "Pool"
+    Reduce = "Reduce"
+    Reduction = "Reduction"
+    Repartition = "Repartition"
+    Replicate = "Replicate"
+    Reshape = "Reshape"
+    Scale = "Scale"
+    ScatterElements = "ScatterElements"
+    Slice = "Slice"
+    Softmax = "Softmax"
+    Split = "Split"
+    Tile = "Tile"
+    TopK = "TopK"
+    Transpose = "Transpose"
+    Trilu = "Trilu"
+    Unary = "Unary"
+    Weight = "Weight"
+    Where = "Where"
+
+
+class DimRole(StrEnum):
+    """What an input dim is to the op when it is no output dim's view (module docstring)."""
+
+    SUM = "sum"
+    WHOLE = "whole"
+
+
+SUM: Final = DimRole.SUM
+WHOLE: Final = DimRole.WHOLE
+Role = int | DimRole
 """What one input dim is to the op: an output dim index, ``SUM`` or ``WHOLE``."""
 
 
@@ -75,7 +129,7 @@ class OpSpec:
     ``onnx_ops`` (the ONNX op types imported through this spec).
     """
 
-    kind: ClassVar[str]
+    kind: ClassVar[OpKind]
     attrs_type: ClassVar[type]
     onnx_ops: ClassVar[tuple[str, ...]] = ()
     is_parallel_op: ClassVar[bool] = False
@@ -120,7 +174,7 @@ class OpSpec:
         return False
 
 
-_REGISTRY: dict[str, OpSpec] = {}
+_REGISTRY: dict[OpKind, OpSpec] = {}
 _BY_ATTRS: dict[type, OpSpec] = {}
 _BY_ONNX: dict[str, OpSpec] = {}
 
@@ -128,6 +182,8 @@ _BY_ONNX: dict[str, OpSpec] = {}
 def register(spec_cls: type[OpSpec]) -> type[OpSpec]:
     """Class decorator: add a spec to the registry; duplicates are an error."""
     spec = spec_cls()
+    if not isinstance(spec.kind, OpKind):
+        raise RuntimeError(f"operator {spec.kind}: its kind must be an OpKind member")
     if spec.kind in _REGISTRY:
         raise RuntimeError(f"operator {spec.kind} is specified twice")
     if spec.attrs_type in _BY_ATTRS:

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .opspec import SUM, WHOLE, Role, spec_of
+from .opspec import SUM, WHOLE, OpKind, Role, spec_of
 from .pcg import Node
 from .shapes import ParallelTensorShape
 
@@ -115,7 +115,7 @@ def piece_op(op: Any, output: ParallelTensorShape) -> Any:
     """Attributes for running an op on one piece, given its (first) output's parallel shape:
     ops that name their full output shape (Reshape, Expand) get the piece's shape instead.
     The runtime runs these attrs, the profiler times them and the cost model looks them up."""
-    if spec_of(op).kind in ("Reshape", "Expand"):
+    if spec_of(op).kind in (OpKind.Reshape, OpKind.Expand):
         return dataclasses.replace(op, dims=output.piece.dims)
     return op
 

@@ -46,6 +46,7 @@ from ..errors import PlanError
 from .machine_view import MachineView
 from .ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, ReplicateAttrs, reduces_copies
 from .ops.sources import WeightAttrs
+from .opspec import OpKind
 from .pcg import PCG, TensorRef
 from .pieces import Coord, coords, piece_region, task_inputs, with_axis
 from .shapes import ParallelTensorShape
@@ -250,7 +251,7 @@ def looks_like_logits(pcg: PCG) -> bool:
     n = pcg.nodes[ref.node]
     while n.spec.is_parallel_op:
         n = pcg.nodes[n.inputs[0].node]
-    if n.kind == "Binary" and n.op.fn == "Add":
+    if n.kind == OpKind.Binary and n.op.fn == "Add":
         return any(_linear(pcg, r.node) for r in n.inputs)
     return _linear(pcg, ref.node)
 
@@ -259,7 +260,7 @@ def _linear(pcg: PCG, i: int) -> bool:
     n = pcg.nodes[i]
     while n.spec.is_parallel_op:
         n = pcg.nodes[n.inputs[0].node]
-    return n.kind in ("MatMul", "Gemm")
+    return n.kind in (OpKind.MatMul, OpKind.Gemm)
 
 
 def region_shape(region: Region, dims: Sequence[int]) -> tuple[int, ...]:
@@ -307,7 +308,7 @@ class Schedule:
             return 1.0
         n = self.pcg.nodes[i]
         up = self.scale(n.inputs[0].node)
-        if n.kind == "Reduction":
+        if n.kind == OpKind.Reduction:
             return up * n.op.degree
         return up
 
@@ -345,26 +346,26 @@ class Schedule:
         r = x.rank
         d = n.op.degree
         tasks = []
-        m = y.piece.dims[n.op.dim] if n.kind == "Repartition" else 0
+        m = y.piece.dims[n.op.dim] if n.kind == OpKind.Repartition else 0
         for c, rank in self.owners(i).items():
             match n.kind:
-                case "Repartition":
+                case OpKind.Repartition:
                     k = c[n.op.dim] % d
                     region = tuple(slice(k * m, (k + 1) * m) if a == n.op.dim else slice(None) for a in range(r))
                     reads = (self.read(src, with_axis(c, n.op.dim, c[n.op.dim] // d), rank, region),)
                     tasks.append(Task(i, c, rank, reads, Assemble.COPY))
-                case "Combine" if n.op.dim == REPLICA_DIM:
+                case OpKind.Combine if n.op.dim == REPLICA_DIM:
                     cands = [with_axis(c, r + 1, c[r + 1] * d + k) for k in range(d)]
                     pick = next((cc for cc in cands if self.owners(src.node)[cc] == rank), cands[0])
                     tasks.append(Task(i, c, rank, (self.read(src, pick, rank, any_copy=False),), Assemble.COPY))
-                case "Combine":
+                case OpKind.Combine:
                     reads = tuple(self.read(src, with_axis(c, n.op.dim, c[n.op.dim] * d + k), rank)
                                   for k in range(d))
                     tasks.append(Task(i, c, rank, reads, Assemble.CONCAT, n.op.dim))
-                case "Replicate":
+                case OpKind.Replicate:
                     tasks.append(Task(i, c, rank, (self.read(src, with_axis(c, r + 1, c[r + 1] // d), rank),),
                                       Assemble.COPY))
-                case "Reduction":
+                case OpKind.Reduction:
                     copies = reduces_copies(x)
                     axis = r + 1 if copies else r
                     reads = tuple(self.read(src, with_axis(c, axis, c[axis] * d + k), rank, any_copy=not copies)
@@ -377,7 +378,7 @@ class Schedule:
     def _collectives(self, kind: str, tasks: Sequence[Task]) -> tuple[Collective, ...]:
         """Broadcasts for a piece three or more devices read, reduces for sums of three or more."""
         out = []
-        if kind == "Replicate":
+        if kind == OpKind.Replicate:
             readers: dict[tuple, list[int]] = {}
             for ti, t in enumerate(tasks):
                 rd = t.reads[0]
@@ -387,7 +388,7 @@ class Schedule:
                 members = tuple(sorted({src} | {tasks[ti].rank for ti in tis}))
                 if len(members) >= 3:
                     out.append(Collective(CollectiveKind.BCAST, members, src, tuple((ti, 0) for ti in tis)))
-        elif kind == "Reduction":
+        elif kind == OpKind.Reduction:
             for ti, t in enumerate(tasks):
                 srcs = [rd.src for rd in t.reads]
                 if len(srcs) >= 3 and LOCAL not in srcs and len(set(srcs)) == len(srcs) and t.rank in srcs:
@@ -406,7 +407,7 @@ class Schedule:
         x = pcg.shape(src)
         d = red.op.degree
         rank = x.rank
-        if red.kind == "Reduction":
+        if red.kind == OpKind.Reduction:
             axis = rank + 1 if reduces_copies(x) else rank
         else:
             axis = red.op.dim
@@ -428,7 +429,7 @@ class Schedule:
         if groups is None:
             return None
         red = self.pcg.nodes[r]
-        kind = CollectiveKind.ALLREDUCE if red.kind == "Reduction" else CollectiveKind.ALLGATHER
+        kind = CollectiveKind.ALLREDUCE if red.kind == OpKind.Reduction else CollectiveKind.ALLGATHER
         axis = red.op.dim if kind is CollectiveKind.ALLGATHER else 0
         colls = tuple(Collective(kind, g, positions=pos, axis=axis) for g, pos in groups)
         return Step(p, StepKind.FUSED, (), colls, red.inputs[0])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.opspec import OpKind
 from .registry import register, scatter_add
 
 # ---------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def cumsum_backward(op, ctx, gs, xp):
     return [cumsum(gs[0], op.axis, op.exclusive, not op.reverse, xp)]
 
 
-register("Pad", pad_forward, pad_backward)
-register("Tile", tile_forward, tile_backward)
-register("Trilu", trilu_forward, trilu_backward)
-register("CumSum", cumsum_forward, cumsum_backward)
+register(OpKind.Pad, pad_forward, pad_backward)
+register(OpKind.Tile, tile_forward, tile_backward)
+register(OpKind.Trilu, trilu_forward, trilu_backward)
+register(OpKind.CumSum, cumsum_forward, cumsum_backward)

@@ -12,6 +12,7 @@ import itertools
 import math
 
 from ..ir.ops.conv import window_out
+from ..ir.opspec import OpKind
 from .registry import first_extremum, register
 
 
@@ -168,6 +169,6 @@ def global_pool_backward(op, ctx, gs, xp):
     return [g * first_extremum(x, y, axes, xp)]
 
 
-register("Conv", conv_forward, conv_backward)
-register("Pool", pool_forward, pool_backward)
-register("GlobalPool", global_pool_forward, global_pool_backward)
+register(OpKind.Conv, conv_forward, conv_backward)
+register(OpKind.Pool, pool_forward, pool_backward)
+register(OpKind.GlobalPool, global_pool_forward, global_pool_backward)

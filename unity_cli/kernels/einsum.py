@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir.ops.einsum import LETTERS, letter_sizes, parse
+from ..ir.opspec import OpKind
 from .registry import Array, KernelError, register, unbroadcast
 
 
@@ -77,4 +78,4 @@ def einsum_backward(op, ctx, gs, xp):
             for i, shape in enumerate(shapes)]
 
 
-register("Einsum", einsum_forward, einsum_backward)
+register(OpKind.Einsum, einsum_forward, einsum_backward)

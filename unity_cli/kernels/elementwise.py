@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..ir.ops.binary import BINARY
 from ..ir.ops.unary import UNARY
+from ..ir.opspec import OpKind
 from .registry import register, unbroadcast
 
 
@@ -78,8 +79,8 @@ def scale_backward(op, ctx, gs, xp):
     return [gs[0] * op.factor]
 
 
-register("Unary", unary_forward, unary_backward)
-register("Cast", cast_forward, cast_backward)
-register("Binary", binary_forward, binary_backward)
-register("Where", where_forward, where_backward)
-register("Scale", scale_forward, scale_backward)
+register(OpKind.Unary, unary_forward, unary_backward)
+register(OpKind.Cast, cast_forward, cast_backward)
+register(OpKind.Binary, binary_forward, binary_backward)
+register(OpKind.Where, where_forward, where_backward)
+register(OpKind.Scale, scale_forward, scale_backward)

@@ -8,6 +8,7 @@ Backward scatters-adds into the table; indices get None.
 """
 from __future__ import annotations
 
+from ..ir.opspec import OpKind
 from .registry import first_extremum, register, scatter_add
 
 
@@ -104,6 +105,6 @@ def reduce_backward(op, ctx, gs, xp):
     return [g * first_extremum(x, y, axes, xp)]
 
 
-register("Gather", gather_forward, gather_backward)
-register("GatherND", gathernd_forward, gathernd_backward)
-register("Reduce", reduce_forward, reduce_backward)
+register(OpKind.Gather, gather_forward, gather_backward)
+register(OpKind.GatherND, gathernd_forward, gathernd_backward)
+register(OpKind.Reduce, reduce_forward, reduce_backward)

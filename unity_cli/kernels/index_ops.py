@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..ir.opspec import OpKind
 from .registry import Array, KernelError, register, scatter_add
 
 
@@ -222,7 +223,7 @@ def scatter_elements_backward(op, ctx, gs, xp):
     return [gd.reshape(data.shape), None, gu.reshape(upd.shape)]
 
 
-register("TopK", topk_forward, topk_backward)
-register("OneHot", onehot_forward, onehot_backward)
-register("GatherElements", gather_elements_forward, gather_elements_backward)
-register("ScatterElements", scatter_elements_forward, scatter_elements_backward)
+register(OpKind.TopK, topk_forward, topk_backward)
+register(OpKind.OneHot, onehot_forward, onehot_backward)
+register(OpKind.GatherElements, gather_elements_forward, gather_elements_backward)
+register(OpKind.ScatterElements, scatter_elements_forward, scatter_elements_backward)

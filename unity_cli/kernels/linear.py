@@ -1,6 +1,7 @@
 """MatMul (numpy semantics: batched, broadcasting, 1-D operands) and Gemm."""
 from __future__ import annotations
 
+from ..ir.opspec import OpKind
 from .registry import register, unbroadcast
 
 
@@ -66,5 +67,5 @@ def gemm_backward(op, ctx, gs, xp):
     return out
 
 
-register("MatMul", matmul_forward, matmul_backward)
-register("Gemm", gemm_forward, gemm_backward)
+register(OpKind.MatMul, matmul_forward, matmul_backward)
+register(OpKind.Gemm, gemm_forward, gemm_backward)

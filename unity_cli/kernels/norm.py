@@ -8,6 +8,7 @@ statistics get None. Hardmax has no backward: its gradient is zero wherever it e
 from __future__ import annotations
 
 from ..ir.ops.norm import normalized_dims
+from ..ir.opspec import OpKind
 from .registry import first_extremum, register, unbroadcast
 
 
@@ -124,8 +125,8 @@ def lrn_backward(op, ctx, gs, xp):
     return [g * d ** -op.beta - (2 * op.alpha * op.beta / op.size) * x * back]
 
 
-register("Softmax", softmax_forward, softmax_backward)
-register("Hardmax", hardmax_forward)
-register("LayerNormalization", layernorm_forward, layernorm_backward)
-register("BatchNormalization", batchnorm_forward, batchnorm_backward)
-register("LRN", lrn_forward, lrn_backward)
+register(OpKind.Softmax, softmax_forward, softmax_backward)
+register(OpKind.Hardmax, hardmax_forward)
+register(OpKind.LayerNormalization, layernorm_forward, layernorm_backward)
+register(OpKind.BatchNormalization, batchnorm_forward, batchnorm_backward)
+register(OpKind.LRN, lrn_forward, lrn_backward)

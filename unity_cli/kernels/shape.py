@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 
+from ..ir.opspec import OpKind
 from .registry import register, unbroadcast
 
 
@@ -81,9 +82,9 @@ def expand_backward(op, ctx, gs, xp):
     return [unbroadcast(gs[0], ctx, xp)]
 
 
-register("Transpose", transpose_forward, transpose_backward)
-register("Reshape", reshape_forward, reshape_backward)
-register("Concat", concat_forward, concat_backward)
-register("Split", split_forward, split_backward)
-register("Slice", slice_forward, slice_backward)
-register("Expand", expand_forward, expand_backward)
+register(OpKind.Transpose, transpose_forward, transpose_backward)
+register(OpKind.Reshape, reshape_forward, reshape_backward)
+register(OpKind.Concat, concat_forward, concat_backward)
+register(OpKind.Split, split_forward, split_backward)
+register(OpKind.Slice, slice_forward, slice_backward)
+register(OpKind.Expand, expand_forward, expand_backward)

@@ -20,7 +20,7 @@ from ..errors import PlanError, ShapeError, UnityError
 from ..files import write_atomic
 from ..ir import PCG, DType, GraphBuilder, TensorRef
 from ..ir.machine_view import MachineView, check_view, devices_used
-from ..ir.opspec import attrs_from_json, attrs_to_json
+from ..ir.opspec import OpKind, attrs_from_json, attrs_to_json
 from ..ir.shapes import ParallelDim, ParallelTensorShape
 from ..ir.validate import problems
 from ..jsonfile import read_json
@@ -144,7 +144,7 @@ def _disagreement(data: dict, pcg: PCG) -> str:
     if not isinstance(model, dict) or not isinstance(model.get("inputs"), dict) \
             or not isinstance(model.get("outputs"), list):
         return "model: expected an object with inputs {name: {dims, dtype}} and a list of outputs"
-    graph = {n.name: n.op.shape for _, n in pcg if n.kind == "Input"}
+    graph = {n.name: n.op.shape for _, n in pcg if n.kind == OpKind.Input}
     for name in sorted(set(graph) | set(model["inputs"])):
         if name not in model["inputs"]:
             return f"pcg: input node {name!r} is not among model.inputs ({', '.join(sorted(model['inputs']))})"

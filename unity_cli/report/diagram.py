@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..cost.model import CostConfig, CostContext, layout_sources, node_cost
 from ..ir.ops.sources import WeightAttrs
+from ..ir.opspec import OpKind
 from ..ir.printer import op_label
 from ..ir.shapes import ParallelTensorShape
 from ..plan.plan import Plan
@@ -27,7 +28,7 @@ CATEGORIES = {
     "replicated": "replicated (identical copies)",
     "single": "one device",
 }
-GLYPHS = {"Repartition": "P", "Combine": "C", "Replicate": "R", "Reduction": "Σ"}
+GLYPHS = {OpKind.Repartition: "P", OpKind.Combine: "C", OpKind.Replicate: "R", OpKind.Reduction: "Σ"}
 OP_W, OP_H, POP, GROUP_W, GROUP_H = 148.0, 34.0, 22.0, 204.0, 48.0
 
 
@@ -191,10 +192,10 @@ def _op(o: OpView, at: tuple[float, float]) -> str:
             f'transform="translate({num(x)},{num(y)})"><title>{esc(op_tooltip(o))}</title>')
     if o.parallel:
         h = POP / 2
-        shape = {"Repartition": f'<path d="M{num(h)},0L{num(POP)},{num(h)}L{num(h)},{num(POP)}L0,{num(h)}Z"/>',
-                 "Combine": f'<circle cx="{num(h)}" cy="{num(h)}" r="{num(h)}"/>',
-                 "Replicate": f'<rect width="{num(POP)}" height="{num(POP)}" rx="3"/>',
-                 "Reduction": f'<path d="M0,0L{num(POP)},0L{num(h)},{num(POP)}Z"/>'}[o.kind]
+        shape = {OpKind.Repartition: f'<path d="M{num(h)},0L{num(POP)},{num(h)}L{num(h)},{num(POP)}L0,{num(h)}Z"/>',
+                 OpKind.Combine: f'<circle cx="{num(h)}" cy="{num(h)}" r="{num(h)}"/>',
+                 OpKind.Replicate: f'<rect width="{num(POP)}" height="{num(POP)}" rx="3"/>',
+                 OpKind.Reduction: f'<path d="M0,0L{num(POP)},0L{num(h)},{num(POP)}Z"/>'}[o.kind]
         mid = f'<text x="{num(h)}" y="{num(h + 4)}" class="g">{GLYPHS[o.kind]}</text>'
         return head + shape + mid + _badge(o.rewrites, POP) + "</g>"
     short = o.label if "/" not in o.label else "/".join(o.label.rsplit("/", 2)[-2:])

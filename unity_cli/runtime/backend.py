@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from ..errors import UnityError
+from ..ir.opspec import OpKind
 from ..ir.pcg import PCG
 from ..kernels import forward
 from ..onnx_import import ImportedModel, ImportOptions, import_model_proto
@@ -139,7 +140,7 @@ class UnityBackendRep(BackendRep):
         program = self._program(feeds)
         sources: dict[str, Any] = {n: v for n, v in feeds.items() if n not in self.const_inputs}
         for _, n in program.pcg:
-            if n.kind == "Weight" and n.name not in sources:
+            if n.kind == OpKind.Weight and n.name not in sources:
                 if n.name in program.constants:
                     sources[n.name] = program.constants[n.name]
                 elif n.name in program.weight_values:

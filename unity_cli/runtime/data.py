@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..ir.opspec import OpKind
 from ..ir.pcg import PCG
 from ..ir.shapes import TensorShape
 from .loss import LossKind, label_shape
@@ -36,16 +37,16 @@ def gather_tables(pcg: PCG) -> dict[str, int]:
     """Graph inputs used as Gather indices -> the rows of the smallest table they index."""
     out: dict[str, int] = {}
     for i, n in pcg:
-        if n.kind != "Input":
+        if n.kind != OpKind.Input:
             continue
         todo = [i]
         while todo:
             j = todo.pop()
             for u, pos in pcg.consumers[j]:
                 user = pcg.nodes[u]
-                if user.spec.is_parallel_op or user.kind == "Cast":
+                if user.spec.is_parallel_op or user.kind == OpKind.Cast:
                     todo.append(u)
-                elif user.kind == "Gather" and pos == 1:
+                elif user.kind == OpKind.Gather and pos == 1:
                     rows = pcg.shape(user.inputs[0]).sizes[user.op.axis]
                     out[n.name] = min(out.get(n.name, rows), rows)
     return out

@@ -19,6 +19,7 @@ import numpy as np
 from .. import kernels
 from ..errors import RunError
 from ..ir.machine_view import MachineView
+from ..ir.opspec import OpKind
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import piece_attrs, piece_region
 from ..ir.schedule import read_shape
@@ -187,7 +188,7 @@ class Executor:
         i = rd.ref.node
         src = self.p.layout[i]
         node = self.p.pcg.nodes[src]
-        is_input = node.kind == "Input"
+        is_input = node.kind == OpKind.Input
         key = (i, rd.coord, None if rd.region is None else tuple((s.start, s.stop) for s in rd.region))
         cache = self._fed if is_input else self._cut
         if key in cache:
@@ -496,7 +497,7 @@ def plan_step(p: Program, me: int, k: int, step: Step) -> _Mine:
             m.colls_back = [c for c in m.colls if step.tasks[c.covered[0][0]].reads[c.covered[0][1]].ref in p.has_grad]
     if step.kind is StepKind.COMPUTE:
         m.attrs = piece_attrs(node)
-        if node.kind == "Gather" and m.task is not None:
+        if node.kind == OpKind.Gather and m.task is not None:
             m.gather = _gather_shift(p, step.node, m.task)
     m.remote = frozenset(ri for ri, *_ in m.recv)
     m.free = [ref for ref, last in p.last_read.items()

@@ -12,6 +12,7 @@ from onnx import numpy_helper
 from ..errors import ModelError, PlanError
 from ..files import write_atomic
 from ..ir.ops.sources import WeightAttrs
+from ..ir.opspec import OpKind
 from ..ir.pcg import PCG
 from ..onnx_import import ImportedModel, ImportOptions, import_model
 from ..onnx_import.load import file_sha256, load_onnx, tensor_value
@@ -53,7 +54,7 @@ def weight_values(path: Path, imported: ImportedModel, graphs: list[PCG], seed: 
     (normal, std 0.02; seeded), a constant zeros (BatchNorm variances ones)."""
     model = load_onnx(path)
     inits = {t.name: t for t in model.graph.initializer}
-    variances = {n.inputs[4].node for g in graphs for _, n in g if n.kind == "BatchNormalization"}
+    variances = {n.inputs[4].node for g in graphs for _, n in g if n.kind == OpKind.BatchNormalization}
     var_names = {g.nodes[i].name for g in graphs for i in variances if i < len(g.nodes)}
     rng = np.random.default_rng([seed, 1])
     trainable: dict[str, np.ndarray] = {}

@@ -45,6 +45,8 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
+from typing import assert_never
 
 import numpy as np
 
@@ -73,6 +75,16 @@ from .reshard import reshard
 from .views import default_views
 
 COPY = "copy"
+
+
+class Tensor(Enum):
+    """What a tensor an operator reads is, to the solver's prices."""
+
+    ACTIVATION = "activation"   # made by another operator: resharded per step, forward and backward
+    WEIGHT = "weight"           # trainable: laid out once, its replicas' gradients synced every step
+    CONSTANT = "constant"       # laid out once, nothing recurs
+    INPUT = "input"             # fed by the data loader, cut where it is read
+
 VARIABLE_LIMIT = 400_000
 """Integer programs larger than this (variables) are not solved: the caller keeps its other
 starts. A count, not seconds, so the same inputs give the same plan on any machine."""
@@ -196,14 +208,14 @@ class _Pricer:
         self.cluster, self.config = cluster, config
         self._cache = price_table(cluster, config, "solver moves", SHARED_LIMIT)
 
-    def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation",
+    def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: Tensor = Tensor.ACTIVATION,
              grad: bool = True) -> float:
         """Seconds per step to bring ``source`` to ``target``: an activation's parallel ops
         (their gradients sent back in backward when ``grad``), or a weight's gradient
         all-reduce (its layout is set up once; only its replicas' sync recurs)."""
         return self.priced(source, target, kind, grad)[0]
 
-    def priced(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str = "activation",
+    def priced(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: Tensor = Tensor.ACTIVATION,
                grad: bool = True) -> tuple[float, float]:
         """``(seconds, bytes)``: :meth:`move`'s time, and the most memory any one device holds
         of the parallel ops' buffers (as ``cost.model.memory_per_device`` counts them)."""
@@ -212,19 +224,19 @@ class _Pricer:
             self._cache[key] = self._price(source, target, kind, grad)
         return self._cache[key]
 
-    def _price(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: str,
+    def _price(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: Tensor,
                grad: bool) -> tuple[float, float]:
-        if source == target and kind == "activation":
+        if source == target and kind is Tensor.ACTIVATION:
             return 0.0, 0.0
         b = GraphBuilder()
-        if kind == "activation":
+        if kind is Tensor.ACTIVATION:
             # Made by an op (a source's layout is set up once, not paid per step) that reads a
             # trainable weight when the tensor's gradient flows back, so backward is priced too.
             op = WeightAttrs(source.logical, True) if grad else InputAttrs(source.logical)
             x = b.add(op, (), "x", outputs=[source])[0]
             x = b.add1(UnaryAttrs("Identity"), [x], "producer")
         else:
-            x = b.add1(WeightAttrs(source.logical, kind == "weight"), (), "w")
+            x = b.add1(WeightAttrs(source.logical, kind is Tensor.WEIGHT), (), "w")
         first = len(b.nodes)
         try:
             y = reshard(b, x, target)
@@ -240,7 +252,7 @@ class _Pricer:
         views = default_views(pcg)
         costs = [node_cost(ctx, i, views) for i in range(first, len(pcg))]
         seconds = sum(c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
-        if kind != "activation":
+        if kind is not Tensor.ACTIVATION:
             return seconds, 0.0       # a weight's pieces are counted with the operator that reads them
         devs = [views[i].devices(n.outputs[0]) if i >= first else () for i, n in pcg]   # the resharding's only
         return seconds, float(max(memory_per_device(pcg, devs, ctx.layout, self.cluster.num_devices, self.config)))
@@ -284,15 +296,21 @@ class Tables:
             sync = 0.0
             mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
             for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
-                if kind in ("weight", "constant"):
-                    moved = pricer.move(pcg.shape(r), want, kind)
-                    t += moved
-                    sync += moved if kind == "weight" else 0.0
-                    mem += want.piece.numel * 4 * (states if kind == "weight" else 1)
-                    if kind == "weight":
-                        t += update_seconds(want.piece.numel, device, config)
-                elif kind == "input":
-                    mem += want.piece.numel * want.dtype.itemsize   # inputs are cut where read
+                match kind:
+                    case Tensor.WEIGHT:
+                        moved = pricer.move(pcg.shape(r), want, kind)
+                        t += moved + update_seconds(want.piece.numel, device, config)
+                        sync += moved
+                        mem += want.piece.numel * 4 * states
+                    case Tensor.CONSTANT:
+                        t += pricer.move(pcg.shape(r), want, kind)
+                        mem += want.piece.numel * 4
+                    case Tensor.INPUT:
+                        mem += want.piece.numel * want.dtype.itemsize   # inputs are cut where read
+                    case Tensor.ACTIVATION:
+                        pass                                             # priced on its edge
+                    case _:
+                        assert_never(kind)
             if returned:
                 for s in o.outputs[:1]:
                     if s.sum_degree > 1:
@@ -317,10 +335,10 @@ class Tables:
         return hit
 
 
-def _source_kind(n: Node) -> str | None:
+def _source_kind(n: Node) -> Tensor:
     if isinstance(n.op, WeightAttrs):
-        return "weight" if n.op.trainable else "constant"
-    return "input" if isinstance(n.op, InputAttrs) else None
+        return Tensor.WEIGHT if n.op.trainable else Tensor.CONSTANT
+    return Tensor.INPUT if isinstance(n.op, InputAttrs) else Tensor.ACTIVATION
 
 
 def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int],

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..cost.model import layout_sources
 from ..ir.machine_view import MachineView, packed_view, parallel_axes
 from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, reduces_copies
+from ..ir.opspec import OpKind
 from ..ir.pcg import PCG
 from ..ir.shapes import ParallelTensorShape
 
@@ -33,7 +34,7 @@ def default_views(pcg: PCG) -> tuple[MachineView, ...]:
         sum_axis, copy_axis = r, r + 1
         dims_inner = list(range(r - 1, 0, -1))
         src = layout[i]
-        if src is not None and pcg.nodes[src].kind == "Weight":
+        if src is not None and pcg.nodes[src].kind == OpKind.Weight:
             order = [sum_axis] + dims_inner + ([0] if r else []) + [copy_axis]
         else:
             order = [sum_axis] + dims_inner + [copy_axis] + ([0] if r else [])

@@ -36,7 +36,7 @@ import z3
 
 from ..errors import ShapeError
 from ..ir.ops.unary import EW_FUNCS, UNARY
-from ..ir.opspec import attrs_from_json, attrs_key, spec_by_kind
+from ..ir.opspec import OpKind, attrs_from_json, attrs_key, spec_by_kind
 from ..ir.shapes import TensorShape
 from ..kernels import forward
 
@@ -439,7 +439,7 @@ def conv_reference(attrs: Any, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """ONNX Conv (no bias): the runtime's kernel (exact on integers); arrays of shapes the
     Conv does not take are ill-typed."""
     try:
-        spec_by_kind("Conv").infer(attrs, [TensorShape(x.shape), TensorShape(w.shape)])
+        spec_by_kind(OpKind.Conv).infer(attrs, [TensorShape(x.shape), TensorShape(w.shape)])
     except ShapeError as e:
         raise IllTyped(str(e)) from None
     return forward(attrs, [x, w], np)[0][0]

@@ -15,15 +15,16 @@ from typing import Any
 from ..errors import ShapeError
 from ..ir.ops.parallel import REPLICA_DIM
 from ..ir.ops.sources import InputAttrs
-from ..ir.opspec import _typed, spec_by_kind, spec_of
+from ..ir.opspec import OpKind, _typed, spec_by_kind, spec_of
 from ..ir.pcg import PCG, GraphBuilder, TensorRef
 from ..ir.shapes import ParallelTensorShape
 from .rule import AttrValue, Param, Pattern, PatternNode
 
-AXIS_FIELDS = {"Concat": ("axis",), "Split": ("axis",), "Repartition": ("dim",), "Combine": ("dim",),
-               "Softmax": ("axis",), "LayerNormalization": ("axis",), "Gather": ("axis",)}
-DEGREE_FIELDS = {"Repartition": "degree", "Combine": "degree", "Replicate": "degree", "Reduction": "degree",
-                 "Scale": "factor"}
+AXIS_FIELDS = {OpKind.Concat: ("axis",), OpKind.Split: ("axis",), OpKind.Repartition: ("dim",),
+               OpKind.Combine: ("dim",), OpKind.Softmax: ("axis",), OpKind.LayerNormalization: ("axis",),
+               OpKind.Gather: ("axis",)}
+DEGREE_FIELDS = {OpKind.Repartition: "degree", OpKind.Combine: "degree", OpKind.Replicate: "degree",
+                 OpKind.Reduction: "degree", OpKind.Scale: "factor"}
 
 
 def to_pattern(kind: str, attrs: Any, rank: int, params: Mapping[int, Param] | None = None
@@ -36,10 +37,10 @@ def to_pattern(kind: str, attrs: Any, rank: int, params: Mapping[int, Param] | N
     for f in dataclasses.fields(attrs):
         v = getattr(attrs, f.name)
         if f.name in AXIS_FIELDS.get(kind, ()):
-            v = "copy" if kind == "Combine" and v == REPLICA_DIM else v - rank
-        elif kind == "Transpose" and f.name == "perm":
+            v = "copy" if kind == OpKind.Combine and v == REPLICA_DIM else v - rank
+        elif kind == OpKind.Transpose and f.name == "perm":
             v = perm_tail(v)
-        elif kind == "Split" and f.name == "sizes":
+        elif kind == OpKind.Split and f.name == "sizes":
             if len(set(v)) == 1:
                 f_name, v = "parts", len(v)
                 out[f_name] = v
@@ -69,7 +70,7 @@ def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], bindi
     pat = dict(node.attrs)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(spec.attrs_type):
-        if f.name == "sizes" and node.kind == "Split" and "parts" in pat:
+        if f.name == "sizes" and node.kind == OpKind.Split and "parts" in pat:
             parts = _value(pat["parts"], binding)
             axis = _value(pat["axis"], binding) + rank
             size = inputs[0].sizes[axis]
@@ -81,13 +82,13 @@ def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], bindi
             raise ShapeError(f"{node.kind}: pattern has no attribute {f.name!r}")
         v = _value(pat[f.name], binding)
         if f.name in AXIS_FIELDS.get(node.kind, ()):
-            if v == "copy" and node.kind == "Combine":
+            if v == "copy" and node.kind == OpKind.Combine:
                 v = REPLICA_DIM
             elif not isinstance(v, int) or not -rank <= v < 0:
                 raise ShapeError(f"{node.kind}: axis {pat[f.name]} does not exist in a rank-{rank} tensor")
             else:
                 v += rank
-        elif node.kind == "Transpose" and f.name == "perm":
+        elif node.kind == OpKind.Transpose and f.name == "perm":
             tail = tuple(v)
             if len(tail) > rank:
                 raise ShapeError(f"Transpose of the last {len(tail)} dims of a rank-{rank} tensor")

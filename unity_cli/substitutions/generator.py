@@ -38,6 +38,7 @@ from ..ir.ops.parallel import (
     RepartitionAttrs,
     ReplicateAttrs,
 )
+from ..ir.opspec import OpKind
 from ..ir.shapes import ParallelTensorShape, TensorShape
 from .codec import to_pattern
 from .enumeration import (  # noqa: F401  (re-exported: the generator's API)
@@ -156,27 +157,27 @@ class _Sizes:
     def _node(self, n: GNode, ins: list[list[Form | None]]) -> list[list[Form | None]] | None:
         op, x = n.op, ins[0]
         match n.kind:
-            case "Unary" | "Scale" | "Combine" | "Replicate" | "Reduction":
+            case OpKind.Unary | OpKind.Scale | OpKind.Combine | OpKind.Replicate | OpKind.Reduction:
                 return [list(x)]
-            case "Repartition":
+            case OpKind.Repartition:
                 self.divisible.append(x[op.dim])
                 return [list(x)]
-            case "Binary":
+            case OpKind.Binary:
                 self.equal += list(zip(x, ins[1], strict=False))
                 return [list(x)]
-            case "Transpose":
+            case OpKind.Transpose:
                 return [[x[p] for p in op.perm]]
-            case "MatMul" if len(x) == 2 and len(ins[1]) == 2:
+            case OpKind.MatMul if len(x) == 2 and len(ins[1]) == 2:
                 self.equal.append((x[1], ins[1][0]))
                 self.contracted += [x[1], ins[1][0]]
                 return [[x[0], ins[1][1]]]
-            case "Concat":
+            case OpKind.Concat:
                 out = list(x)
                 for other in ins[1:]:
                     self.equal += [(a, b) for k, (a, b) in enumerate(zip(x, other, strict=False)) if k != op.axis]
                     out[op.axis] = _form_add(out[op.axis], other[op.axis])
                 return [out]
-            case "Split":
+            case OpKind.Split:
                 parts = len(op.sizes)
                 self.aligned.append((x[op.axis], parts))
                 return [[_form_div(f, parts) if k == op.axis else f for k, f in enumerate(x)] for _ in op.sizes]
@@ -240,7 +241,7 @@ def _constraints(en: Enumeration, src: str, dst: str, names: dict[str, str], deg
             uf[find(sa[0])] = find(sb[0])
             out.add(Constraint("EQUAL", *sorted((("dim", *sa[0]), ("dim", *sb[0])))))
     kinds = {en.nodes[h].kind for r in (src, dst) for h in en.order(r)}
-    if "Reduction" in kinds:
+    if OpKind.Reduction in kinds:
         for f in s.contracted + d.contracted:
             for atom, _ in f or ():
                 out.add(Constraint("EQUAL", ("degree", atom[0], atom[1]), 1))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.ops.unary import UNARY
+from ..ir.opspec import OpKind
 from .rule import AttrValue, Constraint, Param, Pattern, PatternNode, Rule
 
 D = Param("d")
@@ -43,11 +44,11 @@ def output(e: Expr, k: int) -> Expr:
 
 
 def matmul(a: Arg, b: Arg) -> Expr:
-    return op("MatMul", a, b)
+    return op(OpKind.MatMul, a, b)
 
 
 def unary(fn: str, x: Arg) -> Expr:
-    return op("Unary", x, fn=fn)
+    return op(OpKind.Unary, x, fn=fn)
 
 
 def relu(x: Arg) -> Expr:
@@ -55,7 +56,7 @@ def relu(x: Arg) -> Expr:
 
 
 def binary(fn: str, a: Arg, b: Arg) -> Expr:
-    return op("Binary", a, b, fn=fn)
+    return op(OpKind.Binary, a, b, fn=fn)
 
 
 def add(a: Arg, b: Arg) -> Expr:
@@ -63,45 +64,45 @@ def add(a: Arg, b: Arg) -> Expr:
 
 
 def scale(x: Arg, factor: AttrValue) -> Expr:
-    return op("Scale", x, factor=factor)
+    return op(OpKind.Scale, x, factor=factor)
 
 
 def concat(*xs: Arg, axis: int) -> Expr:
-    return op("Concat", *xs, axis=axis)
+    return op(OpKind.Concat, *xs, axis=axis)
 
 
 def split(x: Arg, axis: int, parts: int = 2) -> list[Expr]:
-    e = op("Split", x, axis=axis, parts=parts, n_outputs=parts)
+    e = op(OpKind.Split, x, axis=axis, parts=parts, n_outputs=parts)
     return [output(e, k) for k in range(parts)]
 
 
 def transpose(x: Arg) -> Expr:
-    return op("Transpose", x, perm=(-1, -2))
+    return op(OpKind.Transpose, x, perm=(-1, -2))
 
 
 def repartition(x: Arg, dim: int, d: AttrValue = D) -> Expr:
-    return op("Repartition", x, dim=dim, degree=d)
+    return op(OpKind.Repartition, x, dim=dim, degree=d)
 
 
 def combine(x: Arg, dim: int | str, d: AttrValue = D) -> Expr:
-    return op("Combine", x, dim=dim, degree=d)
+    return op(OpKind.Combine, x, dim=dim, degree=d)
 
 
 def replicate(x: Arg, d: AttrValue = D) -> Expr:
-    return op("Replicate", x, degree=d)
+    return op(OpKind.Replicate, x, degree=d)
 
 
 def reduction(x: Arg, d: AttrValue = D) -> Expr:
-    return op("Reduction", x, degree=d)
+    return op(OpKind.Reduction, x, degree=d)
 
 
 def gather(table: Arg, ids: Arg, axis: int) -> Expr:
-    return op("Gather", table, ids, axis=axis)
+    return op(OpKind.Gather, table, ids, axis=axis)
 
 
 def conv(x: Arg, w: Arg, kernel: tuple[int, ...], pads: tuple[int, ...]) -> Expr:
     n = len(kernel)
-    return op("Conv", x, w, kernel=kernel, strides=(1,) * n, pads=pads, dilations=(1,) * n, groups=1)
+    return op(OpKind.Conv, x, w, kernel=kernel, strides=(1,) * n, pads=pads, dilations=(1,) * n, groups=1)
 
 
 def pattern(outputs: Sequence[Arg], prefix: str) -> Pattern:

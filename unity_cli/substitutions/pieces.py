@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.ops.parallel import REPLICA_DIM, reduces_copies
+from ..ir.opspec import OpKind
 from ..ir.pcg import PCG, Node
 from ..ir.pieces import Coord, PieceError, coords, input_coord, parallel_axes, piece_attrs, task_inputs
 from ..ir.pieces import with_axis as _with
@@ -124,24 +125,24 @@ def _parallel(n: Node, x: Pieces, shape: ParallelTensorShape) -> list[Pieces]:
     op, kind, r = n.op, n.kind, shape.rank
     d = op.degree
     out: Pieces = {}
-    if kind == "Repartition":
+    if kind == OpKind.Repartition:
         for c, v in x.items():
             for k, part in enumerate(np.split(v, d, axis=op.dim)):
                 out[_with(c, op.dim, c[op.dim] * d + k)] = part
-    elif kind == "Replicate":
+    elif kind == OpKind.Replicate:
         for c, v in x.items():
             for k in range(d):
                 out[_with(c, r + 1, c[r + 1] * d + k)] = v
-    elif kind == "Combine" and op.dim == REPLICA_DIM:
+    elif kind == OpKind.Combine and op.dim == REPLICA_DIM:
         for c in coords(n.outputs[0]):
             group = [x[_with(c, r + 1, c[r + 1] * d + k)] for k in range(d)]
             if any(not np.array_equal(g, group[0]) for g in group[1:]):
                 raise PieceError(f"Combine of replicas {c} that differ")
             out[c] = group[0]
-    elif kind == "Combine":
+    elif kind == OpKind.Combine:
         for c in coords(n.outputs[0]):
             out[c] = np.concatenate([x[_with(c, op.dim, c[op.dim] * d + k)] for k in range(d)], axis=op.dim)
-    elif kind == "Reduction":
+    elif kind == OpKind.Reduction:
         axis = r + 1 if reduces_copies(shape) else r
         for c in coords(n.outputs[0]):
             out[c] = sum(x[_with(c, axis, c[axis] * d + k)] for k in range(d))

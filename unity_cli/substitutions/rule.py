@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import UnityError
 from ..files import write_atomic
-from ..ir.opspec import _REGISTRY
+from ..ir.opspec import _REGISTRY, OpKind
 from ..jsonfile import parse_json, read_bytes
 
 
@@ -154,7 +154,7 @@ class Rule:
         return rule
 
 
-PARALLEL_KINDS = ("Repartition", "Combine", "Replicate", "Reduction")
+PARALLEL_KINDS = (OpKind.Repartition, OpKind.Combine, OpKind.Replicate, OpKind.Reduction)
 
 
 def canonical(data: Any) -> str:

@@ -36,7 +36,7 @@ from ..ir.ops.binary import BINARY
 from ..ir.ops.parallel import reduces_copies
 from ..ir.ops.sources import InputAttrs
 from ..ir.ops.unary import EW_FUNCS, UNARY
-from ..ir.opspec import attrs_key
+from ..ir.opspec import OpKind, attrs_key
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape, TensorShape
 from .axioms import Signature, axioms_for, conv_config, function_symbols, signature
@@ -252,9 +252,9 @@ def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensor
             continue
         pos = node.inputs.index(name)
         attrs = dict(node.attrs)
-        if node.kind in ("Gather", "GatherND") and pos == 1:
+        if node.kind in (OpKind.Gather, OpKind.GatherND) and pos == 1:
             return ParallelTensorShape.unpartitioned(TensorShape((n,), DType.INT64))
-        if node.kind == "Conv" and isinstance(attrs.get("kernel"), tuple):
+        if node.kind == OpKind.Conv and isinstance(attrs.get("kernel"), tuple):
             kernel, groups = attrs["kernel"], attrs.get("groups", 1)
             groups = groups if isinstance(groups, int) and n % groups == 0 else 1
             dims = {0: (base[0], n) + (CONV_SPATIAL + max(kernel),) * len(kernel),
@@ -462,54 +462,54 @@ def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorS
     outs = n.outputs
     same = all(i.sizes == outs[0].sizes for i in ins)
     match n.kind:
-        case "MatMul" if min(ins[0].rank, ins[1].rank) >= 2 and ins[0].sizes[:-2] == ins[1].sizes[:-2]:
+        case OpKind.MatMul if min(ins[0].rank, ins[1].rank) >= 2 and ins[0].sizes[:-2] == ins[1].sizes[:-2]:
             return [s.matmul(x[0], x[1])]
-        case "Unary" if UNARY[a.fn].verifier == "relu":
+        case OpKind.Unary if UNARY[a.fn].verifier == "relu":
             return [s.relu(x[0])]
-        case "Unary" if UNARY[a.fn].verifier == "negate":
+        case OpKind.Unary if UNARY[a.fn].verifier == "negate":
             return [s.scale(-1, x[0])]
-        case "Unary" if UNARY[a.fn].verifier == "identity":   # Identity, Dropout (inference mode)
+        case OpKind.Unary if UNARY[a.fn].verifier == "identity":   # Identity, Dropout (inference mode)
             return [x[0]]
-        case "Unary" if UNARY[a.fn].verifier == "pointwise":
+        case OpKind.Unary if UNARY[a.fn].verifier == "pointwise":
             return [s.ew(EW_FUNCS.index(a.fn), x[0])]
-        case "Binary" if not BINARY[a.fn].opaque:
+        case OpKind.Binary if not BINARY[a.fn].opaque:
             how = BINARY[a.fn].verifier
             if how == "subtract":
                 x = [x[0], s.scale(-1, x[1])]
             f = (s.mul if how == "multiply" else s.add) if same else (s.bmul if how == "multiply" else s.badd)
             return [functools.reduce(f, x)]
-        case "Scale":
+        case OpKind.Scale:
             return [s.scale(a.factor, x[0])]
-        case "Transpose" if tuple(a.perm) == tuple(range(len(a.perm))):
+        case OpKind.Transpose if tuple(a.perm) == tuple(range(len(a.perm))):
             return [x[0]]
-        case "Transpose" if len(a.perm) >= 2 and tuple(a.perm) == tuple(range(len(a.perm) - 2)) + (
+        case OpKind.Transpose if len(a.perm) >= 2 and tuple(a.perm) == tuple(range(len(a.perm) - 2)) + (
                 len(a.perm) - 1, len(a.perm) - 2):
             return [s.transpose(x[0])]
-        case "Concat":
+        case OpKind.Concat:
             ax = a.axis - ins[0].rank
             acc, size = x[0], ins[0].sizes[a.axis]
             for t, shape in zip(x[1:], ins[1:], strict=True):
                 acc = s.concat(ax, size, shape.sizes[a.axis], acc, t)
                 size += shape.sizes[a.axis]
             return [acc]
-        case "Split":
+        case OpKind.Split:
             ax = a.axis - ins[0].rank
             parts, rest, total = [], x[0], sum(a.sizes)
             for size in a.sizes[:-1]:
                 parts.append(s.split(ax, size, total - size, 0, rest))
                 rest, total = s.split(ax, size, total - size, 1, rest), total - size
             return parts + [rest]
-        case "Repartition":
+        case OpKind.Repartition:
             return [s.repartition(a.dim, a.degree, x[0])]
-        case "Combine":
+        case OpKind.Combine:
             return [s.combine(a.dim, a.degree, x[0])]
-        case "Replicate":
+        case OpKind.Replicate:
             return [s.replicate(a.degree, x[0])]
-        case "Reduction":
+        case OpKind.Reduction:
             return [(s.reduce_copies if reduces_copies(ins[0]) else s.reduce_sum)(a.degree, x[0])]
-        case "Gather":
+        case OpKind.Gather:
             return [s.gather(a.axis - ins[0].rank, x[0], x[1])]
-        case "Conv" if len(x) == 2:
+        case OpKind.Conv if len(x) == 2:
             return [s.conv(conv_config(a), x[0], x[1])]
     key = attrs_key(a)
     return [s.opaque(f"{key}|{len(x)}|{k}", len(x))(*x) for k in range(len(outs))]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..ir.opspec import OpKind
 from .axioms import axioms_hash
 from .cache import default_output_path
 from .generator import GeneratorSettings, generate
@@ -65,7 +66,7 @@ def pretty(p: Pattern, inputs: Sequence[str] = ()) -> str:
             return t
         i, k = producers[t]
         n = p.nodes[i]
-        name = dict(n.attrs).get("fn", n.kind) if n.kind in ("Unary", "Binary") else n.kind
+        name = dict(n.attrs).get("fn", n.kind) if n.kind in (OpKind.Unary, OpKind.Binary) else n.kind
         args = [term(x) for x in n.inputs]
         args += [f"{a}={_fmt(v)}" for a, v in n.attrs if a != "fn"]
         sel = f"[{k}]" if len(n.outputs) > 1 else ""

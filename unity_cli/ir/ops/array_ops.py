@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
-from ..opspec import WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
 
@@ -77,7 +77,7 @@ def _scalar(node, i: int, what: str) -> int:
 class Pad(OpSpec):
     """``Pad``: exporters emit it around convolutions and before Swin's windowing."""
 
-    kind = "Pad"
+    kind = OpKind.Pad
     verifier = "no axioms yet"
     attrs_type = PadAttrs
     onnx_ops = ("Pad",)
@@ -145,7 +145,7 @@ class Pad(OpSpec):
 
 @register
 class Tile(OpSpec):
-    kind = "Tile"
+    kind = OpKind.Tile
     verifier = "no axioms yet"
     attrs_type = TileAttrs
     onnx_ops = ("Tile",)
@@ -183,7 +183,7 @@ class Tile(OpSpec):
 
 @register
 class Trilu(OpSpec):
-    kind = "Trilu"
+    kind = OpKind.Trilu
     verifier = "a triangular mask: no axioms yet"
     attrs_type = TriluAttrs
     onnx_ops = ("Trilu",)
@@ -212,7 +212,7 @@ class Trilu(OpSpec):
 
 @register
 class CumSum(OpSpec):
-    kind = "CumSum"
+    kind = OpKind.CumSum
     verifier = "a scan along a dim: no axioms yet"
     attrs_type = CumSumAttrs
     onnx_ops = ("CumSum",)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import need_inputs, streaming_cost
 
@@ -92,7 +92,7 @@ def _spatial_out(kind: str, spatial, kernel, strides, pads, dilations, ceil_mode
 
 @register
 class Conv(OpSpec):
-    kind = "Conv"
+    kind = OpKind.Conv
     attrs_type = ConvAttrs
     onnx_ops = ("Conv",)
     weight_inputs = (1, 2)
@@ -142,7 +142,7 @@ class Conv(OpSpec):
 
 @register
 class Pool(OpSpec):
-    kind = "Pool"
+    kind = OpKind.Pool
     verifier = "a windowed reduction: no axioms yet (only Conv's are written)"
     attrs_type = PoolAttrs
     onnx_ops = ("MaxPool", "AveragePool")
@@ -176,7 +176,7 @@ class Pool(OpSpec):
 
 @register
 class GlobalPool(OpSpec):
-    kind = "GlobalPool"
+    kind = OpKind.GlobalPool
     verifier = "a reduction over the spatial dims: no axioms yet"
     attrs_type = GlobalPoolAttrs
     onnx_ops = ("GlobalAveragePool", "GlobalMaxPool")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...errors import ShapeError
 from ..dtypes import DType
-from ..opspec import Imported, OpSpec, register
+from ..opspec import Imported, OpKind, OpSpec, register
 from ..shapes import TensorShape
 from .binary import BINARY
 from .common import broadcast_dims, broadcast_roles, need_inputs, streaming_cost
@@ -68,7 +68,7 @@ def _fn(node) -> str:
 
 @register
 class Unary(OpSpec):
-    kind = "Unary"
+    kind = OpKind.Unary
     attrs_type = UnaryAttrs
     onnx_ops = tuple(sorted(set(UNARY) - ATTRIBUTE_VARIANTS))
 
@@ -95,7 +95,7 @@ class Unary(OpSpec):
 
 @register
 class Cast(OpSpec):
-    kind = "Cast"
+    kind = OpKind.Cast
     verifier = "a change of element type, which the verifier's single tensor sort does not model"
     attrs_type = CastAttrs
     onnx_ops = ("Cast",)
@@ -116,7 +116,7 @@ class Cast(OpSpec):
 
 @register
 class Binary(OpSpec):
-    kind = "Binary"
+    kind = OpKind.Binary
     attrs_type = BinaryAttrs
     onnx_ops = tuple(sorted(set(BINARY) - set(FROM_ATTRIBUTE)))
 
@@ -157,7 +157,7 @@ class Binary(OpSpec):
 
 @register
 class Where(OpSpec):
-    kind = "Where"
+    kind = OpKind.Where
     verifier = "a select on a boolean mask, which the verifier's tensor sort does not model"
     attrs_type = WhereAttrs
     onnx_ops = ("Where",)
@@ -191,7 +191,7 @@ class ScaleAttrs:
 
 @register
 class Scale(OpSpec):
-    kind = "Scale"
+    kind = OpKind.Scale
     attrs_type = ScaleAttrs
 
     def infer(self, attrs, inputs):

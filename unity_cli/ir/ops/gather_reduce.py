@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ...errors import ShapeError
 from ..dtypes import DType
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpSpec, register
+from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
 
@@ -32,7 +32,7 @@ REDUCE_MODES = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "R
 
 @register
 class Gather(OpSpec):
-    kind = "Gather"
+    kind = OpKind.Gather
     attrs_type = GatherAttrs
     onnx_ops = ("Gather",)
     weight_inputs = (0,)
@@ -68,7 +68,7 @@ class Gather(OpSpec):
 
 @register
 class Reduce(OpSpec):
-    kind = "Reduce"
+    kind = OpKind.Reduce
     verifier = "a reduction over some dims: no axioms yet"
     attrs_type = ReduceAttrs
     onnx_ops = tuple(sorted(REDUCE_MODES))
@@ -122,7 +122,7 @@ class GatherNDAttrs:
 class GatherND(OpSpec):
     """``GatherND``: exporters emit it to pick the upper triangle of an interaction matrix."""
 
-    kind = "GatherND"
+    kind = OpKind.GatherND
     verifier = "a multi-dim index gather: no axioms yet"
     attrs_type = GatherNDAttrs
     onnx_ops = ("GatherND",)

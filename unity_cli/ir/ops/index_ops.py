@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
 from ..dtypes import DType
-from ..opspec import WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axis
 
@@ -85,7 +85,7 @@ class TopK(OpSpec):
     positions the indices name; the indices are not differentiable.
     """
 
-    kind = "TopK"
+    kind = OpKind.TopK
     verifier = "a sort, with integer indices as its second output: no axioms yet"
     attrs_type = TopKAttrs
     onnx_ops = ("TopK",)
@@ -141,7 +141,7 @@ class OneHot(OpSpec):
     truncated. The new axis belongs to no input, so it stays whole.
     """
 
-    kind = "OneHot"
+    kind = OpKind.OneHot
     verifier = "integer indices to a one-hot tensor: no axioms yet"
     attrs_type = OneHotAttrs
     onnx_ops = ("OneHot",)
@@ -189,7 +189,7 @@ class GatherElements(OpSpec):
     backward scatter-adds the output gradient into data's (repeated indices add up).
     """
 
-    kind = "GatherElements"
+    kind = OpKind.GatherElements
     verifier = "an index gather along a dim: no axioms yet (Gather's are written)"
     attrs_type = GatherElementsAttrs
     onnx_ops = ("GatherElements",)
@@ -232,7 +232,7 @@ class ScatterElements(OpSpec):
     Linear in (data, updates) for ``none``/``add``, in data for ``mul``.
     """
 
-    kind = "ScatterElements"
+    kind = OpKind.ScatterElements
     verifier = "an index scatter: no axioms yet"
     attrs_type = ScatterElementsAttrs
     onnx_ops = ("ScatterElements",)

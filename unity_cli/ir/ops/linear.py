@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ShapeError
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import broadcast_dims, need_inputs
 
@@ -42,7 +42,7 @@ def _matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...
 
 @register
 class MatMul(OpSpec):
-    kind = "MatMul"
+    kind = OpKind.MatMul
     attrs_type = MatMulAttrs
     onnx_ops = ("MatMul",)
     weight_inputs = (1,)
@@ -92,7 +92,7 @@ class MatMul(OpSpec):
 
 @register
 class Gemm(OpSpec):
-    kind = "Gemm"
+    kind = OpKind.Gemm
     verifier = "a Gemm with its bias and transposes: no axioms yet"
     attrs_type = GemmAttrs
     onnx_ops = ("Gemm",)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ShapeError
-from ..opspec import WHOLE, Imported, OpSpec, register
+from ..opspec import WHOLE, Imported, OpKind, OpSpec, register
 from .common import need_inputs, norm_axis, streaming_cost
 
 
@@ -69,7 +69,7 @@ class LRNAttrs:
 
 @register
 class BatchNorm(OpSpec):
-    kind = "BatchNormalization"
+    kind = OpKind.BatchNormalization
     verifier = "a normalization with running statistics: no axioms yet"
     attrs_type = BatchNormAttrs
     onnx_ops = ("BatchNormalization",)
@@ -99,7 +99,7 @@ class BatchNorm(OpSpec):
 
 @register
 class LayerNorm(OpSpec):
-    kind = "LayerNormalization"
+    kind = OpKind.LayerNormalization
     verifier = "a normalization over the last dims: no axioms yet"
     attrs_type = LayerNormAttrs
     onnx_ops = ("LayerNormalization",)
@@ -146,7 +146,7 @@ class _Normalizing(OpSpec):
 
 @register
 class Softmax(_Normalizing):
-    kind = "Softmax"
+    kind = OpKind.Softmax
     verifier = "a normalization along one dim: its axioms (commuting with splits of the other dims) are not written yet"
     attrs_type = SoftmaxAttrs
     onnx_ops = ("Softmax", "LogSoftmax")
@@ -163,7 +163,7 @@ class Softmax(_Normalizing):
 class Hardmax(_Normalizing):
     """Not differentiable: its gradient is zero wherever it exists."""
 
-    kind = "Hardmax"
+    kind = OpKind.Hardmax
     verifier = "a normalization along one dim, like Softmax: no axioms yet"
     attrs_type = HardmaxAttrs
     onnx_ops = ("Hardmax",)
@@ -177,7 +177,7 @@ class Hardmax(_Normalizing):
 
 @register
 class LRN(OpSpec):
-    kind = "LRN"
+    kind = OpKind.LRN
     verifier = "a windowed normalization over channels: no axioms yet"
     attrs_type = LRNAttrs
     onnx_ops = ("LRN",)

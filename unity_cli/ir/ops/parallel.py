@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ShapeError
-from ..opspec import ZERO_COST, OpCost, OpSpec, register
+from ..opspec import ZERO_COST, OpCost, OpKind, OpSpec, register
 from ..shapes import ParallelTensorShape, TensorShape
 
 REPLICA_DIM = -1
@@ -83,7 +83,7 @@ def _check_dim(kind: str, dim: int, x: ParallelTensorShape) -> None:
 
 @register
 class Repartition(_ParallelOp):
-    kind = "Repartition"
+    kind = OpKind.Repartition
     attrs_type = RepartitionAttrs
 
     def apply(self, attrs, x):
@@ -93,7 +93,7 @@ class Repartition(_ParallelOp):
 
 @register
 class Combine(_ParallelOp):
-    kind = "Combine"
+    kind = OpKind.Combine
     attrs_type = CombineAttrs
 
     def apply(self, attrs, x):
@@ -110,7 +110,7 @@ class Combine(_ParallelOp):
 
 @register
 class Replicate(_ParallelOp):
-    kind = "Replicate"
+    kind = OpKind.Replicate
     attrs_type = ReplicateAttrs
 
     def apply(self, attrs, x):
@@ -119,7 +119,7 @@ class Replicate(_ParallelOp):
 
 @register
 class Reduction(_ParallelOp):
-    kind = "Reduction"
+    kind = OpKind.Reduction
     attrs_type = ReductionAttrs
 
     def apply(self, attrs, x):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
-from ..opspec import WHOLE, Imported, OpCost, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import broadcast_dims, broadcast_roles, need_inputs, norm_axes, norm_axis
 
@@ -89,7 +89,7 @@ def reshape_roles(src: Sequence[int], dst: Sequence[int]) -> tuple[Role, ...]:
 
 @register
 class Reshape(OpSpec):
-    kind = "Reshape"
+    kind = OpKind.Reshape
     verifier = "a reshape's axioms (how it commutes with splits and concatenations) are not written yet"
     attrs_type = ReshapeAttrs
     onnx_ops = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -143,7 +143,7 @@ class Reshape(OpSpec):
 
 @register
 class Transpose(OpSpec):
-    kind = "Transpose"
+    kind = OpKind.Transpose
     attrs_type = TransposeAttrs
     onnx_ops = ("Transpose",)
 
@@ -174,7 +174,7 @@ class Transpose(OpSpec):
 
 @register
 class Concat(OpSpec):
-    kind = "Concat"
+    kind = OpKind.Concat
     attrs_type = ConcatAttrs
     onnx_ops = ("Concat",)
 
@@ -207,7 +207,7 @@ class Concat(OpSpec):
 
 @register
 class Split(OpSpec):
-    kind = "Split"
+    kind = OpKind.Split
     attrs_type = SplitAttrs
     onnx_ops = ("Split",)
 
@@ -246,7 +246,7 @@ class Split(OpSpec):
 
 @register
 class Slice(OpSpec):
-    kind = "Slice"
+    kind = OpKind.Slice
     verifier = "a strided window: no axioms yet (Split is the slicing the rules use)"
     attrs_type = SliceAttrs
     onnx_ops = ("Slice",)
@@ -287,7 +287,7 @@ class Slice(OpSpec):
 
 @register
 class Expand(OpSpec):
-    kind = "Expand"
+    kind = OpKind.Expand
     verifier = "a broadcast to a given shape: no axioms yet"
     attrs_type = ExpandAttrs
     onnx_ops = ("Expand",)

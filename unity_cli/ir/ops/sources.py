@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..opspec import ZERO_COST, OpCost, OpSpec, register
+from ..opspec import ZERO_COST, OpCost, OpKind, OpSpec, register
 from ..shapes import ParallelTensorShape, TensorShape
 
 
@@ -42,11 +42,11 @@ class _Source(OpSpec):
 
 @register
 class Input(_Source):
-    kind = "Input"
+    kind = OpKind.Input
     attrs_type = InputAttrs
 
 
 @register
 class Weight(_Source):
-    kind = "Weight"
+    kind = OpKind.Weight
     attrs_type = WeightAttrs
