@@ -96,6 +96,17 @@ Role = int | DimRole
 
 
 @dataclass(frozen=True, slots=True)
+class Opaque:
+    """What the z3 verifier sees of an operator or function it does not model: an
+    uninterpreted function (a rule can only move it around whole), and why."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True, slots=True)
 class OpCost:
     """Work of one piece of an operator, forward and backward."""
 
@@ -136,10 +147,9 @@ class OpSpec:
     is_source: ClassVar[bool] = False
     state_inputs: ClassVar[tuple[int, ...]] = ()
     """Inputs that are running statistics, never trained (BatchNormalization's mean and var)."""
-    verifier: ClassVar[str] = "encoded"
+    verifier: ClassVar[str | Opaque] = "encoded"
     """How the z3 verifier sees the op: ``encoded`` (``substitutions/verify.encode`` writes it
-    in the axioms' symbols), or the reason it is opaque (an uninterpreted function: a rule
-    can only move it around whole, by congruence)."""
+    in the axioms' symbols), or :class:`Opaque` with the reason."""
     weight_inputs: ClassVar[tuple[int, ...]] = ()
     """Inputs that are the op's parameters when they are constants (a Conv's kernel and bias):
     a tensor computed at import from constants (``ConstantOfShape``, ``Expand``, ``Cast``)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
-from ..opspec import WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
 
@@ -78,7 +78,7 @@ class Pad(OpSpec):
     """``Pad``: exporters emit it around convolutions and before Swin's windowing."""
 
     kind = OpKind.Pad
-    verifier = "no axioms yet"
+    verifier = Opaque("no axioms yet")
     attrs_type = PadAttrs
     onnx_ops = ("Pad",)
 
@@ -146,7 +146,7 @@ class Pad(OpSpec):
 @register
 class Tile(OpSpec):
     kind = OpKind.Tile
-    verifier = "no axioms yet"
+    verifier = Opaque("no axioms yet")
     attrs_type = TileAttrs
     onnx_ops = ("Tile",)
 
@@ -184,7 +184,7 @@ class Tile(OpSpec):
 @register
 class Trilu(OpSpec):
     kind = OpKind.Trilu
-    verifier = "a triangular mask: no axioms yet"
+    verifier = Opaque("a triangular mask: no axioms yet")
     attrs_type = TriluAttrs
     onnx_ops = ("Trilu",)
 
@@ -213,7 +213,7 @@ class Trilu(OpSpec):
 @register
 class CumSum(OpSpec):
     kind = OpKind.CumSum
-    verifier = "a scan along a dim: no axioms yet"
+    verifier = Opaque("a scan along a dim: no axioms yet")
     attrs_type = CumSumAttrs
     onnx_ops = ("CumSum",)
 

@@ -15,13 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..opspec import Opaque
+
 VERIFIER = {"add": "add (or badd when it broadcasts)", "subtract": "add of scale(-1, b)",
             "multiply": "mul (or bmul when it broadcasts)"}
-"""How the verifier encodes a function; any other value of :attr:`BinaryFn.verifier` is the
-reason it is opaque to the verifier."""
+"""How the verifier encodes a function; a function it does not model says why
+(:class:`~unity_cli.ir.opspec.Opaque`)."""
 
-_NONE = "no axioms yet"
-_BOOL = "a comparison or logical function with a boolean output, which the verifier does not model"
+_NONE = Opaque("no axioms yet")
+_BOOL = Opaque("a comparison or logical function with a boolean output, which the verifier does not model")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class BinaryFn:
     terms: str                                    # partial sums: sum | product | numerator | none
     forward: Callable[[Any, Any, Any], Any]       # (a, b, xp) -> y
     backward: Callable[[Sequence[Any], Any, Any, Any], list[Any]] | None = None   # (xs, y, g, xp) -> dxs
-    verifier: str = _NONE
+    verifier: str | Opaque = _NONE
     flops: int = 1                                # per output element
     boolean: bool = False
     commutative: bool = False
@@ -37,7 +39,7 @@ class BinaryFn:
 
     @property
     def opaque(self) -> bool:
-        return self.verifier not in VERIFIER
+        return isinstance(self.verifier, Opaque)
 
 
 def _int_div(a: Any, b: Any, xp: Any) -> Any:

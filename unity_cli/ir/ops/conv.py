@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import need_inputs, streaming_cost
 
@@ -143,7 +143,7 @@ class Conv(OpSpec):
 @register
 class Pool(OpSpec):
     kind = OpKind.Pool
-    verifier = "a windowed reduction: no axioms yet (only Conv's are written)"
+    verifier = Opaque("a windowed reduction: no axioms yet (only Conv's are written)")
     attrs_type = PoolAttrs
     onnx_ops = ("MaxPool", "AveragePool")
 
@@ -177,7 +177,7 @@ class Pool(OpSpec):
 @register
 class GlobalPool(OpSpec):
     kind = OpKind.GlobalPool
-    verifier = "a reduction over the spatial dims: no axioms yet"
+    verifier = Opaque("a reduction over the spatial dims: no axioms yet")
     attrs_type = GlobalPoolAttrs
     onnx_ops = ("GlobalAveragePool", "GlobalMaxPool")
 

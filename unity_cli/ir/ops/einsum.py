@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 
 LETTERS = frozenset(string.ascii_letters)
@@ -136,7 +136,7 @@ def _letter_roles(equation: str, sizes: dict[str, int]) -> dict[str, Role]:
 @register
 class Einsum(OpSpec):
     kind = OpKind.Einsum
-    verifier = "a general contraction; imported Einsums that are matmuls are not rewritten to MatMul yet"
+    verifier = Opaque("a general contraction; imported Einsums that are matmuls are not rewritten to MatMul yet")
     attrs_type = EinsumAttrs
     onnx_ops = ("Einsum",)
 

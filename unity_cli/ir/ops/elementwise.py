@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...errors import ShapeError
 from ..dtypes import DType
-from ..opspec import Imported, OpKind, OpSpec, register
+from ..opspec import Imported, Opaque, OpKind, OpSpec, register
 from ..shapes import TensorShape
 from .binary import BINARY
 from .common import broadcast_dims, broadcast_roles, need_inputs, streaming_cost
@@ -96,7 +96,7 @@ class Unary(OpSpec):
 @register
 class Cast(OpSpec):
     kind = OpKind.Cast
-    verifier = "a change of element type, which the verifier's single tensor sort does not model"
+    verifier = Opaque("a change of element type, which the verifier's single tensor sort does not model")
     attrs_type = CastAttrs
     onnx_ops = ("Cast",)
 
@@ -158,7 +158,7 @@ class Binary(OpSpec):
 @register
 class Where(OpSpec):
     kind = OpKind.Where
-    verifier = "a select on a boolean mask, which the verifier's tensor sort does not model"
+    verifier = Opaque("a select on a boolean mask, which the verifier's tensor sort does not model")
     attrs_type = WhereAttrs
     onnx_ops = ("Where",)
 

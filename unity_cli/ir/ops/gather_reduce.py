@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ...errors import ShapeError
 from ..dtypes import DType
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, register
+from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
 
@@ -69,7 +69,7 @@ class Gather(OpSpec):
 @register
 class Reduce(OpSpec):
     kind = OpKind.Reduce
-    verifier = "a reduction over some dims: no axioms yet"
+    verifier = Opaque("a reduction over some dims: no axioms yet")
     attrs_type = ReduceAttrs
     onnx_ops = tuple(sorted(REDUCE_MODES))
 
@@ -123,7 +123,7 @@ class GatherND(OpSpec):
     """``GatherND``: exporters emit it to pick the upper triangle of an interaction matrix."""
 
     kind = OpKind.GatherND
-    verifier = "a multi-dim index gather: no axioms yet"
+    verifier = Opaque("a multi-dim index gather: no axioms yet")
     attrs_type = GatherNDAttrs
     onnx_ops = ("GatherND",)
 

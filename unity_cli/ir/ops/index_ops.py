@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
 from ..dtypes import DType
-from ..opspec import WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axis
 
@@ -86,7 +86,7 @@ class TopK(OpSpec):
     """
 
     kind = OpKind.TopK
-    verifier = "a sort, with integer indices as its second output: no axioms yet"
+    verifier = Opaque("a sort, with integer indices as its second output: no axioms yet")
     attrs_type = TopKAttrs
     onnx_ops = ("TopK",)
 
@@ -142,7 +142,7 @@ class OneHot(OpSpec):
     """
 
     kind = OpKind.OneHot
-    verifier = "integer indices to a one-hot tensor: no axioms yet"
+    verifier = Opaque("integer indices to a one-hot tensor: no axioms yet")
     attrs_type = OneHotAttrs
     onnx_ops = ("OneHot",)
 
@@ -190,7 +190,7 @@ class GatherElements(OpSpec):
     """
 
     kind = OpKind.GatherElements
-    verifier = "an index gather along a dim: no axioms yet (Gather's are written)"
+    verifier = Opaque("an index gather along a dim: no axioms yet (Gather's are written)")
     attrs_type = GatherElementsAttrs
     onnx_ops = ("GatherElements",)
 
@@ -233,7 +233,7 @@ class ScatterElements(OpSpec):
     """
 
     kind = OpKind.ScatterElements
-    verifier = "an index scatter: no axioms yet"
+    verifier = Opaque("an index scatter: no axioms yet")
     attrs_type = ScatterElementsAttrs
     onnx_ops = ("ScatterElements",)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ShapeError
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import broadcast_dims, need_inputs
 
@@ -93,7 +93,7 @@ class MatMul(OpSpec):
 @register
 class Gemm(OpSpec):
     kind = OpKind.Gemm
-    verifier = "a Gemm with its bias and transposes: no axioms yet"
+    verifier = Opaque("a Gemm with its bias and transposes: no axioms yet")
     attrs_type = GemmAttrs
     onnx_ops = ("Gemm",)
     weight_inputs = (1, 2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ShapeError
-from ..opspec import WHOLE, Imported, OpKind, OpSpec, register
+from ..opspec import WHOLE, Imported, Opaque, OpKind, OpSpec, register
 from .common import need_inputs, norm_axis, streaming_cost
 
 
@@ -70,7 +70,7 @@ class LRNAttrs:
 @register
 class BatchNorm(OpSpec):
     kind = OpKind.BatchNormalization
-    verifier = "a normalization with running statistics: no axioms yet"
+    verifier = Opaque("a normalization with running statistics: no axioms yet")
     attrs_type = BatchNormAttrs
     onnx_ops = ("BatchNormalization",)
     state_inputs = (3, 4)
@@ -100,7 +100,7 @@ class BatchNorm(OpSpec):
 @register
 class LayerNorm(OpSpec):
     kind = OpKind.LayerNormalization
-    verifier = "a normalization over the last dims: no axioms yet"
+    verifier = Opaque("a normalization over the last dims: no axioms yet")
     attrs_type = LayerNormAttrs
     onnx_ops = ("LayerNormalization",)
     weight_inputs = (1, 2)
@@ -147,7 +147,8 @@ class _Normalizing(OpSpec):
 @register
 class Softmax(_Normalizing):
     kind = OpKind.Softmax
-    verifier = "a normalization along one dim: its axioms (commuting with splits of the other dims) are not written yet"
+    verifier = Opaque("a normalization along one dim: its axioms (commuting with splits of the other dims) "
+                      "are not written yet")
     attrs_type = SoftmaxAttrs
     onnx_ops = ("Softmax", "LogSoftmax")
 
@@ -164,7 +165,7 @@ class Hardmax(_Normalizing):
     """Not differentiable: its gradient is zero wherever it exists."""
 
     kind = OpKind.Hardmax
-    verifier = "a normalization along one dim, like Softmax: no axioms yet"
+    verifier = Opaque("a normalization along one dim, like Softmax: no axioms yet")
     attrs_type = HardmaxAttrs
     onnx_ops = ("Hardmax",)
 
@@ -178,7 +179,7 @@ class Hardmax(_Normalizing):
 @register
 class LRN(OpSpec):
     kind = OpKind.LRN
-    verifier = "a windowed normalization over channels: no axioms yet"
+    verifier = Opaque("a windowed normalization over channels: no axioms yet")
     attrs_type = LRNAttrs
     onnx_ops = ("LRN",)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
-from ..opspec import WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import broadcast_dims, broadcast_roles, need_inputs, norm_axes, norm_axis
 
@@ -90,7 +90,7 @@ def reshape_roles(src: Sequence[int], dst: Sequence[int]) -> tuple[Role, ...]:
 @register
 class Reshape(OpSpec):
     kind = OpKind.Reshape
-    verifier = "a reshape's axioms (how it commutes with splits and concatenations) are not written yet"
+    verifier = Opaque("a reshape's axioms (how it commutes with splits and concatenations) are not written yet")
     attrs_type = ReshapeAttrs
     onnx_ops = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
@@ -247,7 +247,7 @@ class Split(OpSpec):
 @register
 class Slice(OpSpec):
     kind = OpKind.Slice
-    verifier = "a strided window: no axioms yet (Split is the slicing the rules use)"
+    verifier = Opaque("a strided window: no axioms yet (Split is the slicing the rules use)")
     attrs_type = SliceAttrs
     onnx_ops = ("Slice",)
 
@@ -288,7 +288,7 @@ class Slice(OpSpec):
 @register
 class Expand(OpSpec):
     kind = OpKind.Expand
-    verifier = "a broadcast to a given shape: no axioms yet"
+    verifier = Opaque("a broadcast to a given shape: no axioms yet")
     attrs_type = ExpandAttrs
     onnx_ops = ("Expand",)
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..opspec import Opaque
+
 VERIFIER = {
     "pointwise": "an uninterpreted elementwise function ew(code, x), with the axioms every pointwise "
                  "function obeys (it commutes with transposes, slices and concatenations)",
@@ -23,8 +25,8 @@ VERIFIER = {
     "negate": "scale(-1, x)",
     "identity": "x itself",
 }
-"""How the verifier encodes a function; any other value of :attr:`UnaryFn.verifier` is the
-reason it is opaque to the verifier (no rule can mention it)."""
+"""How the verifier encodes a function; a function it does not model says why
+(:class:`~unity_cli.ir.opspec.Opaque`: no rule can mention it)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class UnaryFn:
     flops: int                                    # per element (a cost-model input, not semantics)
     forward: Callable[[Any, Any], Any]            # (x, xp) -> y
     backward: Callable[[Any, Any, Any, Any], Any] | None = None   # (x, y, g, xp) -> g * dy/dx
-    verifier: str = "pointwise"
+    verifier: str | Opaque = "pointwise"
     boolean: bool = False                         # a boolean output (a test)
     activation: bool = False                      # the rule cache has fn-through-Repartition/Combine rules
     domain: str = "any"                           # where tests sample it: any | positive | away (from 0,
@@ -40,7 +42,7 @@ class UnaryFn:
 
     @property
     def opaque(self) -> bool:
-        return self.verifier not in VERIFIER
+        return isinstance(self.verifier, Opaque)
 
     @property
     def linear(self) -> bool:
@@ -127,7 +129,7 @@ def _gelu(x: Any, xp: Any) -> Any:
     return 0.5 * x * (1 + erf(x * _SQRT_HALF, xp))
 
 
-_BOOL = "a test with a boolean output, which the verifier's tensor sort does not model"
+_BOOL = Opaque("a test with a boolean output, which the verifier's tensor sort does not model")
 
 UNARY: dict[str, UnaryFn] = {
     "Relu": UnaryFn(1, lambda x, xp: xp.maximum(x, 0), lambda x, y, g, xp: g * (x > 0), "relu", activation=True,
@@ -137,7 +139,7 @@ UNARY: dict[str, UnaryFn] = {
                     activation=True),
     "GeluTanh": UnaryFn(20, lambda x, xp: 0.5 * x * (1 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
                         lambda x, y, g, xp: g * _gelu_tanh_grad(x, xp),
-                        "Gelu's tanh approximation is not among the verifier's functions yet"),
+                        Opaque("Gelu's tanh approximation is not among the verifier's functions yet")),
     "Erf": UnaryFn(20, erf, lambda x, y, g, xp: g * (_TWO_OVER_SQRT_PI * xp.exp(-x * x)), activation=True),
     "Tanh": UnaryFn(20, lambda x, xp: xp.tanh(x), lambda x, y, g, xp: g * (1 - y * y), activation=True),
     "Sigmoid": UnaryFn(8, _sigmoid, lambda x, y, g, xp: g * y * (1 - y), activation=True),
