@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from unity_cli.errors import ModelError
 from unity_cli.ir import DType
-from unity_cli.ir.ops.elementwise import ATTRIBUTE_VARIANTS
+from unity_cli.ir.ops.elementwise import Unary
 from unity_cli.ir.ops.unary import UNARY
 from unity_cli.ir.opspec import all_specs
 from unity_cli.ir.validate import validate
@@ -124,8 +124,8 @@ def _add(case_id: str, case: Case) -> None:
     CASES[case_id] = case
 
 
-ONNX_UNARY = sorted(fn for fn, d in UNARY.items() if not d.boolean and fn not in ATTRIBUTE_VARIANTS
-                    and fn not in ("Gelu", "Dropout"))   # (these two have cases of their own below)
+ONNX_UNARY = [fn for fn in Unary.onnx_ops if not UNARY[fn].boolean
+              and fn not in ("Gelu", "Dropout")]   # (these two have cases of their own below)
 for _op in ONNX_UNARY:
     _add(f"{_op}-3d", Case(_op, [F3]))
 _add("Relu-scalar", Case("Relu", [In(())]))

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from unity_cli.ir.ops.elementwise import ATTRIBUTE_VARIANTS, ScaleAttrs, UnaryAttrs
+from unity_cli.ir.ops.elementwise import ScaleAttrs, Unary, UnaryAttrs
 from unity_cli.ir.ops.unary import UNARY
 from unity_cli.onnx_import import ImportedModel, ImportOptions, import_model_proto
 
@@ -133,8 +133,8 @@ def _lrn(x: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> np
 
 UNARY_INPUTS = {"positive": pos, "away": away, "any": f}
 UNARY_OPSET = {"Gelu": 20}
-ONNX_UNARY = sorted(fn for fn, d in UNARY.items() if not d.boolean and fn not in ATTRIBUTE_VARIANTS
-                    and fn != "Identity")   # (Identity imports as an alias: it has a direct case)
+ONNX_UNARY = [fn for fn in Unary.onnx_ops if not UNARY[fn].boolean
+              and fn != "Identity"]   # (Identity imports as an alias: it has a direct case)
 """Every unary function that is an ONNX op of its own, from the registry."""
 
 
