@@ -5,10 +5,11 @@ backward, each split into compute (kernels and the executor's own work) and comm
 (time inside the communicator moving pieces and running collectives), the loss, the
 gradient all-reduces and the optimizer update; and, apart, the time spent inside the
 communicator waiting for the ranks on the other end (``waiting``: the simulation leaves a
-device idle then). The cost model's events give the same phases for each device. Both are busy times per step, so
-phases that overlap in the simulation (a gradient all-reduce on the communication lane
-beside backward compute) can add up to more than the predicted step. With cupy the
-phases are host time: kernels and NCCL calls return before the GPU has run them.
+device idle then). The cost model's events give the same phases for each device. Both are
+busy times per step, so phases that overlap in the simulation (one group's gradient
+all-reduce beside another device's backward) can add up to more than the predicted step.
+With cupy the phases are host time: kernels and NCCL calls return before the GPU has run
+them.
 
 The same communicator counts the bytes of tensor data its rank sends, call by call, by the
 convention the plan predicts them with (:func:`unity_cli.cost.comm.sent_bytes`), so
@@ -92,14 +93,15 @@ and the seconds this rank spent in it."""
 
 class TimedComm:
     """A communicator that adds the seconds spent in its data-plane calls to ``seconds``
-    and the bytes they send to ``sent``, and keeps each call of the step in ``calls``
-    (everything else passes straight through)."""
+    and the bytes they send to ``sent``, and, once a step clock has started a step
+    (:meth:`new_step`), keeps each call of the step in ``calls`` (everything else passes
+    straight through)."""
 
     def __init__(self, comm: Any):
         self._comm = comm
         self.seconds = 0.0
         self.sent = ByteCounter()
-        self.calls: list[Call] = []
+        self.calls: list[Call] | None = None     # None: no step clock, nothing kept
         self._made: dict[tuple, int] = {}
         for name in _DATA_PLANE:
             setattr(self, name, self._timed(name, getattr(comm, name)))
@@ -131,14 +133,14 @@ class TimedComm:
     def _timed(self, name: str, call: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             count_call(self.sent, name, self._comm.rank, self._comm.size, args)
-            key = self.key(name, args)
+            key = None if self.calls is None else self.key(name, args)
             t0 = time.perf_counter()
             try:
                 return call(*args, **kwargs)
             finally:
                 spent = time.perf_counter() - t0
                 self.seconds += spent
-                if key is not None:
+                if key is not None and self.calls is not None:
                     self.calls.append((key, spent))
         return timed
 
@@ -175,7 +177,7 @@ class StepClock:
         else:
             self._now[comm] = self._now.get(comm, 0.0) + talk
             self._now[compute] = self._now.get(compute, 0.0) + total - talk
-        made = self.comm.calls[len(self._calls):]
+        made = (self.comm.calls or [])[len(self._calls):]
         self._calls += [(comm or compute, key, seconds) for key, seconds in made]
         self._wall, self._comm = wall, spent
 
