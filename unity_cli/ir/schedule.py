@@ -375,7 +375,7 @@ class Schedule:
                     raise PlanError(f"node {i}: no runtime for parallel op {n.kind}")
         return Step(i, StepKind.MOVE, tuple(tasks), self._collectives(n.kind, tasks))
 
-    def _collectives(self, kind: str, tasks: Sequence[Task]) -> tuple[Collective, ...]:
+    def _collectives(self, kind: OpKind, tasks: Sequence[Task]) -> tuple[Collective, ...]:
         """Broadcasts for a piece three or more devices read, reduces for sums of three or more."""
         out = []
         if kind == OpKind.Replicate:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnityError
+from ..ir.opspec import OpKind
 
 Array = Any
 """A ``numpy.ndarray`` or a ``cupy.ndarray``."""
@@ -29,7 +30,7 @@ class KernelError(UnityError):
 class Kernel:
     """Forward and backward of one op kind; ``backward`` None: nothing is differentiable."""
 
-    kind: str
+    kind: OpKind
     forward: Forward
     backward: Backward | None = None
 
@@ -37,7 +38,7 @@ class Kernel:
 KERNELS: dict[str, Kernel] = {}
 
 
-def register(kind: str, forward: Forward, backward: Backward | None = None) -> None:
+def register(kind: OpKind, forward: Forward, backward: Backward | None = None) -> None:
     """Add a kernel to :data:`KERNELS`; a second kernel for one kind is an error."""
     if kind in KERNELS:
         raise RuntimeError(f"a kernel for {kind} is registered twice")
