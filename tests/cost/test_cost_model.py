@@ -12,7 +12,7 @@ from onnx import TensorProto
 from unity_cli.cluster import Link, load_cluster
 from unity_cli.cluster.collectives import Collective
 from unity_cli.cost.comm import collective_time, group_link, groups_time
-from unity_cli.cost.model import CostConfig, Optimizer, estimate
+from unity_cli.cost.model import CostConfig, Optimizer, estimate, sync_copy_seconds, update_seconds
 from unity_cli.ir import DType
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.search.baselines import data_parallel, tensor_parallel
@@ -70,7 +70,10 @@ def test_data_parallel_scaling(models, request, which, cluster_name):
         cand = _dp(models[which], cluster.first(n))
         assert cand.baseline.devices == n
         reports.append(cand.report)
-    compute = [r.compute_time for r in reports]
+    # Forward and backward compute fall (the update does not: each replica updates all of
+    # every weight, and copies the gradients it syncs into the flat buffer).
+    compute = [max(sum(e.end - e.start for e in r.events if e.phase in ("fwd", "bwd") and not e.comm
+                       and d in e.devices) for d in range(n)) for r, n in zip(reports, (1, 2, 4, 8))]
     comm = [r.comm_time for r in reports]
     assert all(a > b for a, b in zip(compute, compute[1:])), compute
     assert comm[0] == 0.0
@@ -246,3 +249,11 @@ def test_gradient_sync_is_one_flat_all_reduce_after_backward(models, request, cl
     assert sum(n.grad_sync for n in rep.nodes) > flat * 1.001       # the per-weight price, latencies added
     assert syncs[0].start >= max(e.end for e in rep.events if e.phase == "bwd")
     assert rep.step_time == pytest.approx(max(e.end for e in rep.events))
+    # The update phase: each weight's update, and the copy of every synced gradient into the
+    # flat buffer (two passes over its bytes).
+    dev = c.device_type(0)
+    numels = [n.outputs[0].logical.numel for _, n in b.pcg if isinstance(n.op, WeightAttrs) and n.op.trainable]
+    (upd,) = [e for e in rep.events if e.phase == "update" and e.devices == (0,)]
+    assert upd.end - upd.start == pytest.approx(sum(update_seconds(k, dev, CostConfig()) for k in numels)
+                                                + sync_copy_seconds(weights, dev), rel=1e-9)
+    assert sync_copy_seconds(weights, dev) == pytest.approx(2 * weights / dev.memory_bandwidth)

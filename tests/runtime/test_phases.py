@@ -168,12 +168,21 @@ def test_predicted_phases_show_the_strategy_and_the_optimizer(tiny_models, clust
         assert ms["grad_sync"] > 0 and ms["fwd_comm"] < ms["grad_sync"]
     else:
         assert ms["fwd_comm"] > 0 and ms["bwd_comm"] > 0
-    # Adam streams weight, gradient and two states and writes three (7 passes), SGD 3: the
-    # update phase scales so, and nothing else moves.
-    sgd = predicted_phases_ms(estimate(plan.pcg, plan.views, plan.cluster,
-                                       replace(config, optimizer=Optimizer.SGD)), 2)
-    assert config.optimizer is Optimizer.ADAM and ms["optimizer"] == pytest.approx(sgd["optimizer"] * 7 / 3)
-    assert {k: v for k, v in ms.items() if k != "optimizer"} == {k: v for k, v in sgd.items() if k != "optimizer"}
+    # Adam streams weight, gradient and two states and writes three (7 passes), momentum 5,
+    # SGD 3, each after the same copy of the synced gradients into the flat buffer (2 passes
+    # over the bytes each device syncs: all its weights under data parallelism): the update
+    # phase grows by as much per state, and nothing else moves.
+    sgd, momentum = (predicted_phases_ms(estimate(plan.pcg, plan.views, plan.cluster, replace(config, optimizer=o)), 2)
+                     for o in (Optimizer.SGD, Optimizer.MOMENTUM))
+    per_state = momentum["optimizer"] - sgd["optimizer"]           # 2 passes over the weights
+    assert config.optimizer is Optimizer.ADAM and ms["optimizer"] - momentum["optimizer"] == pytest.approx(per_state)
+    copy = sgd["optimizer"] - 1.5 * per_state                        # what the 3 passes of SGD leave
+    if strategy == "data_parallel":
+        assert copy == pytest.approx(per_state, rel=1e-6)            # every weight synced: 2 passes too
+    else:
+        assert 0 <= copy < per_state * (1 - 1e-6)                     # some weights are split, not synced
+    for other in (sgd, momentum):
+        assert {k: v for k, v in ms.items() if k != "optimizer"} == {k: v for k, v in other.items() if k != "optimizer"}
 
 
 def test_table_aligns_and_marks_what_the_model_lacks():

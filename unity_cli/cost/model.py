@@ -240,9 +240,10 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     sent = sent_rounded((m for _, ms in priced for m in ms), cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = config.profile.loss(cluster.device_type(out_devs[0])) if config.profile is not None else 0.0
-    syncs = _flat_syncs([m for _, ms in priced for m in ms if m.phase == "sync"], cluster, config.profile)
-    events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs)
-    update = _update_time(pcg, devs, layout, cluster, config)
+    synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
+    events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss),
+                       _flat_syncs(synced, cluster, config.profile))
+    update = _update_time(pcg, devs, layout, cluster, config, synced)
     end = max((e.end for e in events), default=0.0)
     busiest_compute = np.zeros(cluster.num_devices)
     busiest_comm = np.zeros(cluster.num_devices)
@@ -383,9 +384,17 @@ def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequenc
 
 
 def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
-                 cluster: ClusterSpec, config: CostConfig) -> list[float]:
-    """Optimizer update: a streaming pass over each device's weights, grads and state."""
+                 cluster: ClusterSpec, config: CostConfig, synced: Sequence[Move] = ()) -> np.ndarray:
+    """Optimizer update: a streaming pass over each device's weights, grads and state, and
+    the copy of the gradients each device syncs (``synced``, the sync moves) into their
+    groups' flat buffers."""
     t = np.zeros(cluster.num_devices)
+    copied: dict[int, int] = {}
+    for m in synced:
+        for d in m.group:
+            copied[d] = copied.get(d, 0) + m.nbytes
+    for d, nbytes in copied.items():
+        t[d] += sync_copy_seconds(nbytes, cluster.device_type(d))
     stored = _stored(pcg, layout)
     types, index, _ = _device_types(cluster)
     for i, n in pcg:
@@ -416,11 +425,25 @@ def _device_types(cluster: ClusterSpec) -> tuple[tuple, np.ndarray, np.ndarray]:
     return tuple(types), index, caps
 
 
-def update_seconds(numel: int, device, config: CostConfig) -> float:
-    """The optimizer's update of one stored weight piece of ``numel`` elements on ``device``."""
+def update_seconds(numel: int, device, config: CostConfig, synced: bool = False) -> float:
+    """The optimizer's update of one stored weight piece of ``numel`` elements on ``device``
+    (``synced``: with the copy of its gradient into its group's flat buffer)."""
     passes = 3 + 2 * config.optimizer.states     # read w, g, states; write w, states
     t = numel * 4 * passes / device.memory_bandwidth
+    if synced:
+        t += sync_copy_seconds(numel * 4, device)
     if config.profile is not None:
         t += config.profile.update_overhead(device, config.optimizer.value)
     return t
+
+
+SYNC_COPY_PASSES = 2
+"""Before the all-reduce, the runtime reads each gradient a device syncs and writes it into
+its group's flat buffer (``runtime/weights.py``): two streaming passes, in the optimizer's
+phase of the step."""
+
+
+def sync_copy_seconds(nbytes: int, device) -> float:
+    """The copy of ``nbytes`` of gradients into a flat sync buffer on ``device``."""
+    return SYNC_COPY_PASSES * nbytes / device.memory_bandwidth
 

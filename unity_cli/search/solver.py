@@ -299,7 +299,7 @@ class Tables:
                 match kind:
                     case Tensor.WEIGHT:
                         moved = pricer.move(pcg.shape(r), want, kind)
-                        t += moved + update_seconds(want.piece.numel, device, config)
+                        t += moved + update_seconds(want.piece.numel, device, config, synced=moved > 0)
                         sync += moved
                         mem += want.piece.numel * 4 * states
                     case Tensor.CONSTANT:
