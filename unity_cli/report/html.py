@@ -23,6 +23,7 @@ from ..jsonfile import read_json
 from ..plan.config import plan_config, plan_profile
 from ..plan.plan import Plan
 from ..runtime.phases import HEADINGS, PHASES
+from ..search.baselines import Strategy
 from .diagram import CATEGORIES, GLYPHS, Diagram, build_diagram, render_group, render_overview
 from .markup import esc, ms, num
 from .operators import operator_rows
@@ -198,7 +199,7 @@ def _baselines_section(plan: Plan, measured: Mapping[str, Any] | None) -> str:
                    f' height="16"/><text x="{num(label_w + v / top * bar_w + 6)}" y="{num(y + 13)}">'
                    f"{esc(ms(v))}</text></g>")
     svg.append("</svg>")
-    dp = plan.baselines.get("data_parallel", {}).get("step_time_ms")
+    dp = plan.baselines.get(Strategy.DATA_PARALLEL, {}).get("step_time_ms")
     rows = ["<tr><th>strategy</th><th>devices</th><th>step time</th><th>compute</th><th>communication</th>"
             "<th>memory / device</th><th>vs data parallel</th></tr>"]
     for name, b in plan.baselines.items():

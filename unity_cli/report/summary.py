@@ -10,6 +10,7 @@ from ..cost.model import estimate
 from ..plan.config import plan_config
 from ..plan.plan import Plan
 from ..runtime.phases import predicted_phases_ms
+from ..search.baselines import Strategy
 from .operators import OperatorRow, heaviest_table, operator_rows
 
 
@@ -40,7 +41,7 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
              f"{plan.config['dtype']}, {plan.config['optimizer']}"]
     lines += [f"note     {n}" for n in notes]
     lines.append("")
-    dp = plan.baselines.get("data_parallel", {}).get("step_time_ms")
+    dp = plan.baselines.get(Strategy.DATA_PARALLEL, {}).get("step_time_ms")
     header = (f"  {'strategy':<24}{'devices':>8}{'step time':>13}{'compute':>12}{'comm':>12}"
               f"{'memory/device':>15}  {'vs DP':>6}")
     lines.append(header)
@@ -53,7 +54,7 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     # What each uniform hybrid row is (which tp=T,dp=D, which ops stayed replicated in their group).
     lines += [f"  {b['description']}" if b["description"].startswith(name) else f"  {name}: {b['description']}"
               for name, b in plan.baselines.items()
-              if (name == "hybrid" or name.startswith("tp=")) and b.get("description")]
+              if (name == Strategy.HYBRID or name.startswith("tp=")) and b.get("description")]
     p = plan.predicted
     cap = min(plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices))
     cap = min(cap, plan.config.get("memory_limit_bytes", cap))

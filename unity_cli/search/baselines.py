@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import layout_sources
@@ -44,6 +45,19 @@ Candidate = tuple[tuple[int, ...], int]
 """A split of one operator: the degrees of its output dims and of its contracted dim."""
 
 Policy = Callable[[Node, Sequence[ParallelTensorShape], Sequence[bool]], list[Candidate]]
+
+
+class Strategy(StrEnum):
+    """The plans ``unity optimize --strategy`` names (a ``str``: plans and the command line
+    spell them so); a uniform hybrid is also named ``tp=T,dp=D`` (:func:`hybrid_name`)."""
+
+    DATA_PARALLEL = "data_parallel"
+    TENSOR_PARALLEL = "tensor_parallel"
+    HYBRID = "hybrid"                                # the fastest uniform tp=T,dp=D
+    UNITY = "unity"                                  # the joint search
+    PARALLEL_ONLY = "parallel_only"
+    ALGEBRAIC_THEN_PARALLEL = "algebraic_then_parallel"
+    BEST = "best"                                    # every search, keeping the fastest plan
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,7 @@ def data_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
         return [(_follow(node, shapes, weights), 1)]
 
     g = propagate(pcg, dp, dp, candidates)
-    return Baseline("data_parallel", g, dp, f"batch {batch} split over {dp} devices, weights replicated")
+    return Baseline(Strategy.DATA_PARALLEL, g, dp, f"batch {batch} split over {dp} devices, weights replicated")
 
 
 def tensor_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
@@ -80,7 +94,7 @@ def tensor_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
     tp = min(n.devices for n in cluster.nodes)
     dp = largest_divisor_at_most(batch_size(pcg), len(cluster.nodes))
     g, replicated, note = _megatron(pcg, tp, dp)
-    return Baseline("tensor_parallel", g, tp * dp,
+    return Baseline(Strategy.TENSOR_PARALLEL, g, tp * dp,
                     f"tensor parallel {tp} ways within each node, data parallel {dp} ways across nodes{note}",
                     replicated)
 
@@ -189,9 +203,9 @@ def weighted_splits(g: PCG) -> list[tuple[str, int]]:
     return out
 
 
-STRATEGIES: dict[str, Callable[[PCG, ClusterSpec], Baseline]] = {
-    "data_parallel": data_parallel,
-    "tensor_parallel": tensor_parallel,
+STRATEGIES: dict[Strategy, Callable[[PCG, ClusterSpec], Baseline]] = {
+    Strategy.DATA_PARALLEL: data_parallel,
+    Strategy.TENSOR_PARALLEL: tensor_parallel,
 }
 
 

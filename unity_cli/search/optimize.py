@@ -29,16 +29,26 @@ from ..ir.machine_view import MachineView, devices_used
 from ..ir.pcg import PCG
 from ..ir.validate import validate
 from ..substitutions.rule import Rule
-from .baselines import STRATEGIES, Baseline, batch_size, hybrid, hybrid_degrees, hybrid_name, is_hybrid, parse_hybrid
+from .baselines import (
+    STRATEGIES,
+    Baseline,
+    Strategy,
+    batch_size,
+    hybrid,
+    hybrid_degrees,
+    hybrid_name,
+    is_hybrid,
+    parse_hybrid,
+)
 from .joint import Found, JointSearch, SearchStats, SolvedSearch
 from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
 from .solver import Tables, solve
 from .views import default_views
 
-SEARCHES = ("unity", "parallel_only", "algebraic_then_parallel")
-HYBRID = "hybrid"
-CHOICES = ("best",) + SEARCHES + tuple(STRATEGIES) + (HYBRID,)
+SEARCHES = (Strategy.UNITY, Strategy.PARALLEL_ONLY, Strategy.ALGEBRAIC_THEN_PARALLEL)
+HYBRID = Strategy.HYBRID
+CHOICES = (Strategy.BEST,) + SEARCHES + tuple(STRATEGIES) + (HYBRID,)
 BASELINES = tuple(STRATEGIES) + (HYBRID,)
 """The rows built without a search: the searches start from them, and ``best`` is never slower."""
 
@@ -311,15 +321,16 @@ def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progres
     return replace(found, path=rewritten.path + found.path), one.stats + two.stats
 
 
-_FROM_BASELINES = ("unity", "parallel_only")   # searches started from this run's baselines
-_SEARCH = {"unity": _unity, "parallel_only": _parallel_only, "algebraic_then_parallel": _algebraic_then_parallel}
+_FROM_BASELINES = (Strategy.UNITY, Strategy.PARALLEL_ONLY)   # searches started from this run's baselines
+_SEARCH = {Strategy.UNITY: _unity, Strategy.PARALLEL_ONLY: _parallel_only,
+           Strategy.ALGEBRAIC_THEN_PARALLEL: _algebraic_then_parallel}
 
 
 def _better(a: CostReport, b: CostReport) -> bool:
     return (not a.feasible, a.step_time) < (not b.feasible, b.step_time)
 
 
-def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str = "best",
+def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str = Strategy.BEST,
              rules: Sequence[Rule] = (), budget: float | None = None, alpha: float = 1.05,
              progress: Callable | None = None, max_candidates: int | None = None,
              started: float | None = None) -> SearchResult:
@@ -374,7 +385,7 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
             strategy = named.name
             with ceiling(None):     # asked for by name: always priced
                 candidates[strategy] = price_hybrid(named, cluster, config)
-        if strategy in SEARCHES or strategy == "best":
+        if strategy in SEARCHES or strategy == Strategy.BEST:
             return _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work, deadline, ev,
                            candidates, hybrids, missing)
     chosen = candidates[strategy] if strategy in candidates else candidates[_fastest(candidates)]
@@ -388,9 +399,9 @@ def _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work
             hybrids, missing) -> SearchResult:
     """The searches of ``optimize`` (``best``: all three, each with a share of the work)."""
     # The joint search reports the two search baselines too, each with a share of the work.
-    joint = strategy in ("best", "unity")
+    joint = strategy in (Strategy.BEST, Strategy.UNITY)
     runs = SEARCHES if joint else (strategy,)
-    shares = {"unity": 0.5, "parallel_only": 0.25, "algebraic_then_parallel": 0.25} if joint \
+    shares = {Strategy.UNITY: 0.5, Strategy.PARALLEL_ONLY: 0.25, Strategy.ALGEBRAIC_THEN_PARALLEL: 0.25} if joint \
         else {strategy: 1.0}
     found_by = {}
     for k, name in enumerate(runs):
@@ -421,7 +432,7 @@ def _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work
                 found = Found(start.baseline.pcg, start.views, start.report, start.baseline.name)
         candidates[name] = cand
         found_by[name] = (found, stats)
-    name = _fastest(candidates) if strategy == "best" or strategy not in candidates else strategy
+    name = _fastest(candidates) if strategy == Strategy.BEST or strategy not in candidates else strategy
     chosen = candidates[name]
     if not chosen.report.feasible:
         least = min(candidates.values(), key=lambda c: max(c.report.memory))
@@ -449,5 +460,5 @@ def _fastest(candidates: dict[str, Candidate]) -> str:
     """The fastest plan that fits (the joint search on a tie: it is the one asked for)."""
     def key(name: str) -> tuple:
         rep = candidates[name].report
-        return (not rep.feasible, rep.step_time, name != "unity", name)
+        return (not rep.feasible, rep.step_time, name != Strategy.UNITY, name)
     return min(candidates, key=key)
