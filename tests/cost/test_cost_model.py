@@ -257,3 +257,26 @@ def test_gradient_sync_is_one_flat_all_reduce_after_backward(models, request, cl
     assert upd.end - upd.start == pytest.approx(sum(update_seconds(k, dev, CostConfig()) for k in numels)
                                                 + sync_copy_seconds(weights, dev), rel=1e-9)
     assert sync_copy_seconds(weights, dev) == pytest.approx(2 * weights / dev.memory_bandwidth)
+
+
+def test_the_loss_is_priced_over_the_region_it_reads(dgx8, tmp_path):
+    """The loss event's length: runtime/loss.py's passes over the output region one device
+    reads (12 for MSE; cross entropy's 22 over logit rows gathered whole) at its memory
+    bandwidth. Twice the output, twice the loss; splitting the batch halves each device's."""
+    from unity_cli.cost.model import LOSS_PASSES
+    from unity_cli.search.baselines import data_parallel
+
+    pcg = import_model(_mlp(tmp_path / "m.onnx", 64, 256, 1000), ImportOptions(64)).pcg
+    dev = dgx8.device_type(0)
+
+    def loss_ms(loss, n):
+        c = dgx8.first(n)
+        b = data_parallel(pcg, c)
+        rep = estimate(b.pcg, default_views(b.pcg), c, CostConfig(loss=loss))
+        (ev,) = [e for e in rep.events if e.phase == "loss" and not e.comm]
+        return ev.end - ev.start
+
+    whole = 64 * 1000 * 4 / dev.memory_bandwidth
+    assert loss_ms("mse", 1) == pytest.approx(LOSS_PASSES["mse"] * whole, rel=1e-9)
+    assert loss_ms("cross_entropy", 1) == pytest.approx(LOSS_PASSES["cross_entropy"] * whole, rel=1e-9)
+    assert loss_ms("cross_entropy", 2) == pytest.approx(loss_ms("cross_entropy", 1) / 2, rel=1e-9)

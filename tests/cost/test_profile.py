@@ -444,7 +444,8 @@ def test_parallel_op_tasks_pay_the_dispatch_too(profiled, mlp, cluster):
 
 def test_the_loss_runs_between_forward_and_backward(profiled, mlp, cluster):
     """With a profile, the step pays the runtime's measured loss once, on the output's
-    devices, after the last forward event and before the first backward one."""
+    devices, after the last forward event and before the first backward one, beside the
+    loss's passes over the output (which a profile without it still pays)."""
     loss = profiled.to_json()["compute"]["cpu-core"]["loss_s"]
     assert 0 < loss < 1e-2
     pcg, views = _dp(mlp, cluster, 8)
@@ -458,7 +459,8 @@ def test_the_loss_runs_between_forward_and_backward(profiled, mlp, cluster):
     assert event.devices == views[pcg.outputs[0].node].devices(pcg.nodes[pcg.outputs[0].node].outputs[0])
     assert max(e.end for e in with_loss.events if e.phase == "fwd") <= event.start
     assert min(e.start for e in with_loss.events if e.phase == "bwd") >= event.end
-    assert not [e for e in without.events if e.phase == "loss" and not e.comm]
+    (bare,) = [e for e in without.events if e.phase == "loss" and not e.comm]
+    assert event.end - event.start == pytest.approx(bare.end - bare.start + loss)
 
 
 def test_calibration_survives_what_real_profiles_hold(cluster):

@@ -31,7 +31,8 @@ from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import spec_of
 from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
-from ..ir.schedule import gather_then_replicate, layout_sources, stored_layout
+from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
+from ..ir.shapes import ParallelTensorShape
 from .compute import piece_shapes, roofline
 from .moves import Move, Structure, device_array, node_moves, phase_seconds, sent_rounded
 from .profile import Profile, piece_key
@@ -239,7 +240,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     costs = [c for c, _ in priced]
     sent = sent_rounded((m for _, ms in priced for m in ms), cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
-    loss = config.profile.loss(cluster.device_type(out_devs[0])) if config.profile is not None else 0.0
+    loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
     synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
     events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss),
                        _flat_syncs(synced, cluster, config.profile))
@@ -273,8 +274,21 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
 
 LOSS_NODE = -2
 """The node of the loss events (the update's is -1): gathering the output's pieces the loss
-needs together (``NodeCost.comm_loss``), then the runtime's fixed work per step between
-forward and backward, measured by the profile (``loss_s``)."""
+needs together (``NodeCost.comm_loss``), then the loss itself (:func:`loss_seconds`)."""
+LOSS_PASSES = {"mse": 12, "cross_entropy": 22}
+"""Streaming passes ``runtime/loss.py`` makes over the output region a loss reads: MSE casts
+the target, subtracts, squares, sums and scales (12); cross entropy takes the max, shifts,
+exponentiates, sums, takes logs, builds the one-hot and scales (22)."""
+
+
+def loss_seconds(shape: ParallelTensorShape, class_axis: int | None, device, config: CostConfig) -> float:
+    """The loss of one step on a device that leads a group of the output's pieces (the
+    classes of a logit row read together): its passes over that region at the device's
+    memory bandwidth, and the runtime's fixed work per step, measured by the profile."""
+    region = shape.piece.numel * max((len(g) for g in loss_pieces(shape, class_axis)), default=1)
+    passes = LOSS_PASSES["mse" if class_axis is None else "cross_entropy"]
+    t = region * config.dtype.itemsize * passes / device.memory_bandwidth
+    return t + (config.profile.loss(device) if config.profile is not None else 0.0)
 SYNC_NODE = -3
 """The node of the gradient all-reduce events: each is the flat all-reduces of groups of one
 size and buffer size, run at once."""
