@@ -275,6 +275,9 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
 LOSS_NODE = -2
 """The node of the loss events (the update's is -1): gathering the output's pieces the loss
 needs together (``NodeCost.comm_loss``), then the loss itself (:func:`loss_seconds`)."""
+SYNC_NODE = -3
+"""The node of the gradient all-reduce events: each is the flat all-reduces of groups of one
+size and buffer size, run at once."""
 LOSS_PASSES = {"mse": 12, "cross_entropy": 22}
 """Streaming passes ``runtime/loss.py`` makes over the output region a loss reads: MSE casts
 the target, subtracts, squares, sums and scales (12); cross entropy takes the max, shifts,
@@ -289,9 +292,6 @@ def loss_seconds(shape: ParallelTensorShape, class_axis: int | None, device, con
     passes = LOSS_PASSES["mse" if class_axis is None else "cross_entropy"]
     t = region * config.dtype.itemsize * passes / device.memory_bandwidth
     return t + (config.profile.loss(device) if config.profile is not None else 0.0)
-SYNC_NODE = -3
-"""The node of the gradient all-reduce events: each is the flat all-reduces of groups of one
-size and buffer size, run at once."""
 
 
 def _flat_syncs(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None
@@ -355,7 +355,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         n, c = pcg.nodes[i], costs[i]
         users = pcg.consumers[i]
         start = max([grad_ready[u] for u, _ in users] + [fwd_end], default=fwd_end)
-        if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None and c.grad_sync == 0:
+        if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:   # (a sync carrier has neither: its sync runs below)
             s = max([start] + free(free_compute, devs[i]))
             grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:

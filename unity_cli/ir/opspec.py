@@ -102,9 +102,6 @@ class Opaque:
 
     reason: str
 
-    def __str__(self) -> str:
-        return self.reason
-
 
 @dataclass(frozen=True, slots=True)
 class OpCost:

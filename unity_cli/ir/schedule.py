@@ -497,6 +497,7 @@ class Schedule:
 
 
 @functools.lru_cache(maxsize=1 << 12)
+@functools.lru_cache(maxsize=1 << 12)
 def loss_pieces(shape: ParallelTensorShape, class_axis: int | None) -> tuple[tuple[Coord, ...], ...]:
     """The output pieces the loss reads together (:meth:`Schedule.loss_groups`), the leader's first;
     replicas but the first are left out (replica 0 gets the gradient)."""

@@ -87,7 +87,7 @@ def _nbytes(buf: Any) -> int:
 
 
 Call = tuple[tuple, float]
-"""One data-plane call: the key every rank taking part knows it by (:meth:`TimedComm.key`),
+"""One data-plane call: the key every rank taking part knows it by (:meth:`TimedComm._key`),
 and the seconds this rank spent in it."""
 
 
@@ -110,7 +110,7 @@ class TimedComm:
         """Start numbering the calls afresh (each step makes the same calls)."""
         self.calls, self._made = [], {}
 
-    def key(self, name: str, args: Sequence[Any]) -> tuple | None:
+    def _key(self, name: str, args: Sequence[Any]) -> tuple | None:
         """The ranks a call takes part with, and how many calls on those ranks came before it
         this step: the same on every rank taking part, because the collectives of one group
         run in one order everywhere, and so do the point-to-point exchanges of two ranks that
@@ -133,7 +133,7 @@ class TimedComm:
     def _timed(self, name: str, call: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             count_call(self.sent, name, self._comm.rank, self._comm.size, args)
-            key = None if self.calls is None else self.key(name, args)
+            key = None if self.calls is None else self._key(name, args)
             t0 = time.perf_counter()
             try:
                 return call(*args, **kwargs)

@@ -76,15 +76,6 @@ from .views import default_views
 
 COPY = "copy"
 
-
-class Tensor(Enum):
-    """What a tensor an operator reads is, to the solver's prices."""
-
-    ACTIVATION = "activation"   # made by another operator: resharded per step, forward and backward
-    WEIGHT = "weight"           # trainable: laid out once, its replicas' gradients synced every step
-    CONSTANT = "constant"       # laid out once, nothing recurs
-    INPUT = "input"             # fed by the data loader, cut where it is read
-
 VARIABLE_LIMIT = 400_000
 """Integer programs larger than this (variables) are not solved: the caller keeps its other
 starts. A count, not seconds, so the same inputs give the same plan on any machine."""
@@ -95,6 +86,15 @@ backward, independent branches): charged in full it overprices data parallelism,
 nothing it underprices it. Each mesh is solved at both ends and the simulation picks."""
 NODE_LIMIT = 2_000
 """Branch-and-bound nodes HiGHS may explore per program (a work bound, not a time one)."""
+
+
+class Tensor(Enum):
+    """What a tensor an operator reads is, to the solver's prices."""
+
+    ACTIVATION = "activation"   # made by another operator: resharded per step, forward and backward
+    WEIGHT = "weight"           # trainable: laid out once, its replicas' gradients synced every step
+    CONSTANT = "constant"       # laid out once, nothing recurs
+    INPUT = "input"             # fed by the data loader, cut where it is read
 
 
 @dataclass(frozen=True, slots=True)
