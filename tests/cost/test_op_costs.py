@@ -4,6 +4,8 @@ once (float32: 4 bytes, int64: 8). A change to a cost model shows here, with the
 it broke."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from unity_cli.ir.dtypes import DType
@@ -40,10 +42,16 @@ def test_matmul_and_batched_matmul():
 
 
 def test_gemm_with_its_bias():
-    # [8,16] x [32,16]^T + b[32]: the product, then one add per output.
-    moved = 4 * (8 * 16 + 32 * 16 + 32 + 8 * 32)
-    flops = 2 * 8 * 16 * 32 + 8 * 32
-    assert cost(GemmAttrs(trans_b=True), T(8, 16), T(32, 16), T(32)) == OpCost(flops, moved, 2 * flops, 2 * moved)
+    # [8,16] x [32,16]^T + b[32]: the product as MatMul prices it, then the add of b as
+    # an Add prices it (reads Y and b, writes Y), in one kernel call.
+    a, w, y, b = 4 * 8 * 16, 4 * 32 * 16, 4 * 8 * 32, 4 * 32
+    product = OpCost(2 * 8 * 16 * 32, a + w + y, 2 * 2 * 8 * 16 * 32, 2 * (a + w + y) + a + w)
+    add = OpCost(8 * 32, y + b + y, 2 * 8 * 32, 2 * (y + b + y), 0)
+    assert cost(GemmAttrs(trans_b=True), T(8, 16), T(32, 16), T(32)) == product + add
+    # So a Gemm costs what its MatMul and Add cost, less one launch: all that fusing saves.
+    add_op = cost(BinaryAttrs("Add"), T(8, 32), T(32))
+    assert cost(GemmAttrs(), T(8, 16), T(16, 32), T(32)) == \
+        cost(MatMulAttrs(), T(8, 16), T(16, 32)) + dataclasses.replace(add_op, kernels=0)
 
 
 def test_conv():

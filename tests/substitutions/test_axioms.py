@@ -94,6 +94,7 @@ EXAMPLES: dict[str, list[dict]] = {
     "split-ew": [dict(k=ABS, ax=-1, n1=2, n2=3, i=1, x=(3, 5))],
     "split-scale": [dict(k=4, ax=-1, n1=2, n2=3, i=0, x=(3, 5))],
     "split-add": [dict(ax=-1, n1=2, n2=3, i=1, x=(3, 5), y=(3, 5))],
+    "split-badd": [dict(ax=-1, n1=2, n2=3, i=1, x=(3, 5), y=(5,)), dict(ax=-2, n1=1, n2=2, i=0, x=(2, 3, 4), y=(3, 1))],
     "split-mul": [dict(ax=-2, n1=1, n2=2, i=0, x=(3, 5), y=(3, 5))],
     "split-transpose-last": [dict(n1=2, n2=3, i=0, x=(5, 3)), dict(n1=2, n2=3, i=1, x=(5, 3))],
     "split-transpose-rows": [dict(n1=2, n2=3, i=1, x=(3, 5))],

@@ -278,6 +278,10 @@ AXIOMS: tuple[Axiom, ...] = (
                                         s.scale(v.k, s.split(v.ax, v.n1, v.n2, v.i, v.x)))),
     _ax("split-add", lambda s, v: Law(s.split(v.ax, v.n1, v.n2, v.i, s.add(v.x, v.y)),
                                       s.add(s.split(v.ax, v.n1, v.n2, v.i, v.x), s.split(v.ax, v.n1, v.n2, v.i, v.y)))),
+    # (y spans the split dim: a y broadcast along it would stay whole, another law)
+    _ax("split-badd", lambda s, v: Law(
+        s.split(v.ax, v.n1, v.n2, v.i, s.badd(v.x, v.y)),
+        s.badd(s.split(v.ax, v.n1, v.n2, v.i, v.x), s.split(v.ax, v.n1, v.n2, v.i, v.y)))),
     _ax("split-mul", lambda s, v: Law(s.split(v.ax, v.n1, v.n2, v.i, s.mul(v.x, v.y)),
                                       s.mul(s.split(v.ax, v.n1, v.n2, v.i, v.x), s.split(v.ax, v.n1, v.n2, v.i, v.y)))),
     _ax("split-transpose-last", lambda s, v: Law(s.split(-1, v.n1, v.n2, v.i, s.transpose(v.x)),

@@ -89,6 +89,9 @@ MAX_INSTANCES = 5000
 """Axiom instances z3 may make per check. Proofs of the 2,276 rules that ``max_ops=3``
 generates need at most 58; a wrong rule can make E-matching loop (``a - a`` breeds
 ``Scale(k, a)`` for ever larger ``k``), and this stops it fast and deterministically."""
+INSTANCES_PER_OP = 800
+"""A wide rule may make more: this many per operator of its two sides, when that is more
+than :data:`MAX_INSTANCES` (Concat-Linear over 8 parts, 18 operators, needs 4,703)."""
 
 
 class Rejected(Exception):
@@ -227,8 +230,10 @@ def candidate_layouts(rule: Rule) -> list[Layout]:
 
 
 def mixed_layouts(rule: Rule) -> list[Layout]:
-    """Layouts whose inputs differ in shape ([4,4], [4,8], [8,4]), for rules that need it."""
-    menu = ((4, 4), (4, 8), (8, 4))
+    """Layouts whose inputs differ in shape ([4,4], [4,8], [8,4], and [4,4n], [4n,4] for a
+    rule with an n-input operator, whose weight spans n parts), for rules that need it."""
+    wide = max((len(n.inputs) for n in rule.src.nodes + rule.dst.nodes), default=2)
+    menu = ((4, 4), (4, 8), (8, 4)) + (((4, 4 * wide), (4 * wide, 4)) if wide > 2 else ())
     out = []
     names = list(rule.inputs)
     for combo in itertools.islice(itertools.product(menu, repeat=len(names)), MAX_MIXED):
@@ -252,6 +257,8 @@ def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensor
             continue
         pos = node.inputs.index(name)
         attrs = dict(node.attrs)
+        if node.kind == OpKind.Gemm and pos == 2:   # a bias, broadcast along the rows
+            return ParallelTensorShape.unpartitioned(TensorShape((n,)))
         if node.kind in (OpKind.Gather, OpKind.GatherND) and pos == 1:
             return ParallelTensorShape.unpartitioned(TensorShape((n,), DType.INT64))
         if node.kind == OpKind.Conv and isinstance(attrs.get("kernel"), tuple):
@@ -414,18 +421,20 @@ def prove(rule: Rule, instances: Sequence[Instance], timeout_ms: int) -> str:
             lhs, rhs = terms(inst.src, s), terms(inst.dst, s)
         except NotImplementedError as e:
             raise Rejected(f"cannot encode for z3: {e}") from None
-        result = check_equal(lhs, rhs, timeout_ms)
+        cap = max(MAX_INSTANCES, INSTANCES_PER_OP * (rule.src.size + rule.dst.size))
+        result = check_equal(lhs, rhs, timeout_ms, cap)
         if result != "unsat":
             raise Rejected(f"z3: {result} ({inst.layout})")
     return "proved"
 
 
-def check_equal(lhs: Sequence[z3.ExprRef], rhs: Sequence[z3.ExprRef], timeout_ms: int) -> str:
+def check_equal(lhs: Sequence[z3.ExprRef], rhs: Sequence[z3.ExprRef], timeout_ms: int,
+                max_instances: int = MAX_INSTANCES) -> str:
     """z3's answer to ``Or(lhs_i != rhs_i)`` under the axioms: "unsat", "sat", "timeout" or
-    "unknown (why)"."""
+    "unknown (why)"; E-matching stops after ``max_instances`` axiom instances."""
     solver = z3.SimpleSolver()  # the SMT core itself: the default tactic front end ignores smt.mbqi
     solver.set("smt.mbqi", False)  # E-matching only: every instance grows from a well-typed graph's terms
-    solver.set("smt.qi.max_instances", MAX_INSTANCES)
+    solver.set("smt.qi.max_instances", max_instances)
     solver.set("timeout", int(timeout_ms))
     solver.add(*axioms_for(function_symbols(*lhs, *rhs)))
     solver.add(z3.Or([a != b for a, b in zip(lhs, rhs, strict=True)]))
@@ -435,8 +444,8 @@ def check_equal(lhs: Sequence[z3.ExprRef], rhs: Sequence[z3.ExprRef], timeout_ms
     if r == z3.sat:
         return "sat"
     stats = solver.statistics()
-    if "quant instantiations" in stats.keys() and stats.get_key_value("quant instantiations") >= MAX_INSTANCES:
-        return f"unknown (gave up after {MAX_INSTANCES} axiom instances)"
+    if "quant instantiations" in stats.keys() and stats.get_key_value("quant instantiations") >= max_instances:
+        return f"unknown (gave up after {max_instances} axiom instances)"
     why = solver.reason_unknown().strip("()")
     return "timeout" if why in ("timeout", "canceled") else f"unknown ({why})"
 
@@ -464,6 +473,13 @@ def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorS
     match n.kind:
         case OpKind.MatMul if min(ins[0].rank, ins[1].rank) >= 2 and ins[0].sizes[:-2] == ins[1].sizes[:-2]:
             return [s.matmul(x[0], x[1])]
+        case OpKind.Gemm if float(a.alpha).is_integer() and float(a.beta).is_integer():
+            y = s.matmul(s.transpose(x[0]) if a.trans_a else x[0], s.transpose(x[1]) if a.trans_b else x[1])
+            y = y if a.alpha == 1 else s.scale(int(a.alpha), y)
+            if len(x) == 3:    # + beta C, broadcast as Add broadcasts it
+                c = x[2] if a.beta == 1 else s.scale(int(a.beta), x[2])
+                y = (s.add if ins[2].sizes == outs[0].sizes else s.badd)(y, c)
+            return [y]
         case OpKind.Unary if UNARY[a.fn].verifier == "relu":
             return [s.relu(x[0])]
         case OpKind.Unary if UNARY[a.fn].verifier == "negate":
@@ -492,13 +508,13 @@ def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorS
                 acc = s.concat(ax, size, shape.sizes[a.axis], acc, t)
                 size += shape.sizes[a.axis]
             return [acc]
-        case OpKind.Split:
+        case OpKind.Split:   # nested as Concat nests, so that one undoes the other term by term
             ax = a.axis - ins[0].rank
             parts, rest, total = [], x[0], sum(a.sizes)
-            for size in a.sizes[:-1]:
-                parts.append(s.split(ax, size, total - size, 0, rest))
-                rest, total = s.split(ax, size, total - size, 1, rest), total - size
-            return parts + [rest]
+            for size in reversed(a.sizes[1:]):
+                parts.append(s.split(ax, total - size, size, 1, rest))
+                rest, total = s.split(ax, total - size, size, 0, rest), total - size
+            return [rest] + parts[::-1]
         case OpKind.Repartition:
             return [s.repartition(a.dim, a.degree, x[0])]
         case OpKind.Combine:

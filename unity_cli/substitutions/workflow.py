@@ -11,6 +11,7 @@ from typing import Any
 from ..ir.opspec import OpKind
 from .axioms import axioms_hash
 from .cache import default_output_path
+from .families import FAMILY_RULES
 from .generator import GeneratorSettings, generate
 from .parallel_rules import PARALLEL_RULES
 from .rule import Param, Pattern, Rule, RuleSet, load_rules
@@ -94,7 +95,7 @@ def regenerate(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int, p
     t0 = time.monotonic()
     settings = GeneratorSettings(max_ops=max_ops)
     gen = generate(settings, progress=progress)
-    candidates = [named(r) for r in gen.rules] + [named(r) for r in PARALLEL_RULES]
+    candidates = [named(r) for r in gen.rules] + [named(r) for r in PARALLEL_RULES + FAMILY_RULES]
     seen: dict[str, Rule] = {}
     for r in candidates:
         seen.setdefault(r.id, r)
@@ -104,8 +105,9 @@ def regenerate(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int, p
     rejected = [{"id": v.rule_id, "reason": v.reason} for v in verdicts if not v.accepted]
     report = Report(rules=len(kept), verified=len(kept), rejected=rejected)
     report.counts = {**gen.stats_counts(), "hand_written_parallel_rules": len(PARALLEL_RULES),
+                     "rule_family_instances": len(FAMILY_RULES),
                      "candidates_verified": len(candidates)}
-    report.by_size = dict(sorted(Counter(f"{r.size} ops" for r in kept).items()))
+    report.by_size = {f"{k} ops": v for k, v in sorted(Counter(r.size for r in kept).items())}
     out = Path(out_path) if out_path else default_output_path()
     doc_settings = {**settings.to_json(), "timeout_ms": timeout_ms}
     RuleSet(tuple(kept), doc_settings, axioms_hash(), tuple(rejected)).save(out)

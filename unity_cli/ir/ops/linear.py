@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ShapeError
-from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
-from .common import broadcast_dims, need_inputs
+from .common import broadcast_dims, need_inputs, streaming_cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,15 @@ def _matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...
     batch = broadcast_dims("MatMul", [TensorShape(a2[:-2]), TensorShape(b2[:-2])])
     out = batch + ((a2[-2],) if len(a) > 1 else ()) + ((b2[-1],) if len(b) > 1 else ())
     return batch, a2[-1], out
+
+
+def product_cost(a: TensorShape, b: TensorShape, out: TensorShape, k: int) -> OpCost:
+    """A matrix product's work: ``2 K`` flops per output element; backward computes
+    ``dA = dY @ B^T`` and ``dB = A^T @ dY``, each as large as the forward, and accumulates
+    each gradient into its buffer (read and written once more)."""
+    flops = 2.0 * out.numel * k
+    moved = float(a.nbytes + b.nbytes + out.nbytes)
+    return OpCost(flops, moved, 2 * flops, 2 * moved + a.nbytes + b.nbytes, 1)
 
 
 @register
@@ -82,18 +91,13 @@ class MatMul(OpSpec):
 
     def cost(self, attrs, inputs, outputs):
         a, b = inputs
-        _, k, out = _matmul_dims(a.dims, b.dims)
-        out_numel = outputs[0].numel
-        flops = 2.0 * out_numel * k
-        moved = float(a.nbytes + b.nbytes + outputs[0].nbytes)
-        # Backward: dA = dY @ B^T and dB = A^T @ dY, each as large as the forward.
-        return OpCost(flops, moved, 2 * flops, 2 * moved + a.nbytes + b.nbytes, 1)
+        _, k, _ = _matmul_dims(a.dims, b.dims)
+        return product_cost(a, b, outputs[0], k)
 
 
 @register
 class Gemm(OpSpec):
     kind = OpKind.Gemm
-    verifier = Opaque("a Gemm with its bias and transposes: no axioms yet")
     attrs_type = GemmAttrs
     onnx_ops = ("Gemm",)
     weight_inputs = (1, 2)
@@ -137,7 +141,12 @@ class Gemm(OpSpec):
         return ((0, 1), (2,)) if n == 3 else ((0, 1),)
 
     def cost(self, attrs, inputs, outputs):
-        m, k, n = self._mkn(attrs, inputs)
-        flops = 2.0 * m * k * n + (m * n if len(inputs) == 3 else 0)
-        moved = float(sum(s.nbytes for s in inputs) + outputs[0].nbytes)
-        return OpCost(flops, moved, 2 * flops, 2 * moved, 1)
+        """The product priced as MatMul prices it, and ``+ C`` as the Add it is (one more
+        pass over Y, in the same kernel call): a Gemm and its MatMul + Add differ by a
+        launch, which is all the runtime saves by fusing them."""
+        _, k, _ = self._mkn(attrs, inputs)
+        cost = product_cost(inputs[0], inputs[1], outputs[0], k)
+        if len(inputs) == 3:
+            bias = streaming_cost([outputs[0], inputs[2]], outputs)
+            cost = cost + OpCost(bias.fwd_flops, bias.fwd_bytes, bias.bwd_flops, bias.bwd_bytes, 0)
+        return cost

@@ -1,0 +1,176 @@
+"""The algebraic rule families (``substitutions/families.py``): every instance is proved by
+the verifier, a known-wrong variant of each family is rejected, and each family matches the
+real models it was written for and rewrites them into graphs that compute the same values."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from models.catalog import EXPORTED_DIR
+from onnx import TensorProto, helper, numpy_helper
+
+from unity_cli.ir.opspec import OpKind
+from unity_cli.ir.validate import validate
+from unity_cli.onnx_import import ImportOptions, import_model, import_model_proto
+from unity_cli.substitutions.cache import default_rules_path
+from unity_cli.substitutions.families import (
+    FAMILY_RULES,
+    MAX_ARITY,
+    concat_gemm,
+    concat_linear,
+    gemm,
+    sibling_gemms,
+    sibling_matmuls,
+)
+from unity_cli.substitutions.match import apply_match, find_matches
+from unity_cli.substitutions.parallel_rules import add, concat, make_rule, matmul, split, transpose
+from unity_cli.substitutions.rule import Constraint, load_rules
+from unity_cli.substitutions.semantics import evaluate
+from unity_cli.substitutions.verify import verify_rule
+from unity_cli.zoo import build as build_zoo
+
+
+@pytest.mark.parametrize("rule", FAMILY_RULES, ids=[r.name for r in FAMILY_RULES])
+def test_every_instance_is_proved(rule):
+    v = verify_rule(rule, timeout_ms=5000)
+    assert v.accepted, v.reason
+    assert v.reason == "proved"
+
+
+def test_every_instance_ships_in_the_rule_cache():
+    shipped = {r.id for r in load_rules(default_rules_path()).rules}
+    assert {r.id for r in FAMILY_RULES} <= shipped
+    names = {r.name for r in FAMILY_RULES}
+    assert {f"concat-linear-{MAX_ARITY}", "sibling-matmul-3", "sibling-gemm-2", "gemm-trans-b-as-matmul-add"} <= names
+
+
+def _equal(names, axis):
+    return [Constraint("EQUAL", ("dim", t, axis), ("dim", names[0], axis)) for t in names[1:]]
+
+
+def _wrong_variants():
+    a = ["a1", "a2", "a3"]
+    blocks = split("W", -2, 3)
+    w = ["W1", "W2", "W3"]
+    yield "concat-linear, blocks in the wrong order", make_rule(
+        "x", (*a, "W"), matmul(concat(*a, axis=-1), "W"),
+        add(add(matmul("a1", blocks[2]), matmul("a2", blocks[1])), matmul("a3", blocks[0])),
+        params=(), constraints=_equal(a, -1))
+    yield "concat-linear, W split by columns", make_rule(
+        "x", (*a, "W"), matmul(concat(*a, axis=-1), "W"),
+        add(add(*[matmul(x, b) for x, b in zip(a[:2], split("W", -1, 3)[:2], strict=True)]),
+            matmul("a3", split("W", -1, 3)[2])), params=(), constraints=_equal(a, -1))
+    yield "concat-gemm, the bias added to every part", make_rule(
+        "x", ("a1", "a2", "Wt", "b"), gemm(concat("a1", "a2", axis=-1), "Wt", "b", trans_b=True),
+        add(gemm("a1", split("Wt", -1)[0], "b", trans_b=True), gemm("a2", split("Wt", -1)[1], "b", trans_b=True)),
+        params=(), constraints=_equal(["a1", "a2"], -1))
+    yield "sibling matmuls, outputs swapped", make_rule(
+        "x", ("x", *w), [matmul("x", wi) for wi in w],
+        [split(matmul("x", concat(*w, axis=-1)), -1, 3)[k] for k in (1, 0, 2)], params=(), constraints=_equal(w, -1))
+    yield "sibling matmuls, weights stacked by rows", make_rule(
+        "x", ("x", "W1", "W2"), [matmul("x", "W1"), matmul("x", "W2")],
+        split(matmul("x", concat("W1", "W2", axis=-2)), -1, 2), params=(), constraints=_equal(["W1", "W2"], -1))
+    yield "sibling gemms, biases in the wrong order", make_rule(
+        "x", ("x", "Wt1", "Wt2", "b1", "b2"),
+        [gemm("x", "Wt1", "b1", trans_b=True), gemm("x", "Wt2", "b2", trans_b=True)],
+        split(gemm("x", concat("Wt1", "Wt2", axis=-2), concat("b2", "b1", axis=-1), trans_b=True), -1, 2),
+        params=(), constraints=_equal(["Wt1", "Wt2"], -2))
+    yield "gemm with trans_b, the transpose dropped", make_rule(
+        "x", ("x", "Wt", "b"), gemm("x", "Wt", "b", trans_b=True), add(matmul("x", "Wt"), "b"), params=())
+    yield "gemm, the bias dropped", make_rule(
+        "x", ("x", "Wt", "b"), gemm("x", "Wt", "b", trans_b=True), matmul("x", transpose("Wt")), params=())
+
+
+WRONG = list(_wrong_variants())
+
+
+@pytest.mark.parametrize("what,rule", WRONG, ids=[w for w, _ in WRONG])
+def test_known_wrong_variants_are_rejected(what, rule):
+    v = verify_rule(rule, timeout_ms=5000)
+    assert not v.accepted, what
+    assert v.reason.startswith(("counterexample", "does not type-check", "layouts differ", "z3: sat")), v.reason
+
+
+def test_a_wrong_variant_that_only_z3_can_see_is_rejected(monkeypatch):
+    """With the numeric check skipped, the proof alone rejects a wrong rule (z3 is not a
+    rubber stamp behind the numbers)."""
+    monkeypatch.setattr("unity_cli.substitutions.verify.check_numbers", lambda rule, instances: True)
+    _, rule = WRONG[0]
+    v = verify_rule(rule, timeout_ms=5000)
+    assert not v.accepted and v.reason.startswith("z3: "), v.reason
+
+
+def _feed(pcg, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for _, n in pcg:
+        if n.spec.is_source:
+            s = n.outputs[0]
+            if s.dtype.value.startswith("int"):
+                out[n.name] = rng.integers(0, 2, s.sizes).astype(np.int64)
+            else:
+                out[n.name] = rng.standard_normal(s.sizes)
+    return out
+
+
+def _rewrites_preserve_values(pcg, rule, expect):
+    """``expect`` distinct groups of nodes match (a multi-output rule matches each group once
+    per member it can be rooted at, in that member's order); each rewrite keeps the values."""
+    matches = find_matches(pcg, rule)
+    assert len({frozenset(m.nodes) for m in matches}) == expect, (rule.name, len(matches))
+    feed = _feed(pcg)
+    want = evaluate(pcg, feed)
+    for m in matches:
+        new = apply_match(pcg, m)
+        validate(new)
+        got = evaluate(new, feed)
+        for u, v in zip(want, got, strict=True):
+            np.testing.assert_allclose(v, u, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("model", ["bert_tiny.onnx", "vit_tiny.onnx"])
+def test_attention_projections_fuse(tiny_models, model):
+    """Q, K and V are three MatMuls of one input in each of the 2 layers (both models)."""
+    path = (tiny_models if model.startswith("bert") else EXPORTED_DIR) / model
+    pcg = import_model(path, ImportOptions(batch_size=4)).pcg
+    _rewrites_preserve_values(pcg, sibling_matmuls(3), 2)
+    # and two of the three, anywhere among them
+    assert len(find_matches(pcg, sibling_matmuls(2))) >= 2
+
+
+def test_a_layer_over_embedding_bags_splits_over_them():
+    """XDL: a MatMul over the concatenation of its 3 embedding bags."""
+    pcg = import_model_proto_of("xdl")
+    _rewrites_preserve_values(pcg, concat_linear(3), 1)
+    assert not find_matches(pcg, concat_linear(2)) and not find_matches(pcg, concat_linear(4))
+
+
+def test_pytorch_linears_take_the_gemm_rules(tmp_path):
+    """DLRM's torch export: every nn.Linear is a Gemm with transB and a bias."""
+    pcg = import_model(EXPORTED_DIR / "dlrm_tiny.onnx", ImportOptions(batch_size=4)).pcg
+    gemms = sum(1 for _, n in pcg if n.kind == OpKind.Gemm)
+    rule = next(r for r in FAMILY_RULES if r.name == "gemm-trans-b-as-matmul-add")
+    _rewrites_preserve_values(pcg, rule, gemms)
+    # its top MLP's input is a concatenation of unequal parts: no Concat-Linear rule applies
+    assert not any(find_matches(pcg, concat_gemm(n)) for n in range(2, MAX_ARITY + 1))
+
+
+def test_sibling_gemms_and_concat_gemm_on_a_pytorch_style_graph(tmp_path):
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in [("w1", (8, 16)), ("b1", (8,)), ("w2", (8, 16)), ("b2", (8,)), ("w3", (4, 16)), ("b3", (4,))]]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["p"], transB=1),
+             helper.make_node("Gemm", ["x", "w2", "b2"], ["q"], transB=1),
+             helper.make_node("Concat", ["p", "q"], ["c"], axis=1),
+             helper.make_node("Gemm", ["c", "w3", "b3"], ["y"], transB=1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])], inits)
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    pcg = import_model(path).pcg
+    _rewrites_preserve_values(pcg, sibling_gemms(2), 1)
+    _rewrites_preserve_values(pcg, concat_gemm(2), 1)
+
+
+def import_model_proto_of(name: str):
+    return import_model_proto(build_zoo(name, "small", batch_size=4).model).pcg

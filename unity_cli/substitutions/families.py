@@ -1,0 +1,123 @@
+"""Algebraic rule families that real graphs contain, one rule per arity.
+
+The generator enumerates small graphs over two or three inputs; the rewrites that models
+gain from are wider: n projections of one input (attention's Q, K and V), a layer over a
+concatenation of n embeddings (XDL, DLRM), a Gemm whose bias blocks a row split. Each
+family is written once, with its arity ``n`` as the parameter of a Python function, and
+instantiated for every arity up to :data:`MAX_ARITY`; every instance is an ordinary rule,
+proved by the same verifier as every other (a concatenation of 4 is a different term from
+one of 3, so each arity is its own proof). Matching needs the arity of a graph's
+operator to equal the pattern's, which is why each arity is its own rule.
+
+Widths must be equal across the n parts (the split that undoes a concatenation names its
+number of equal parts); a constraint says so, so a graph with unequal parts does not match.
+"""
+from __future__ import annotations
+
+from ..ir.opspec import OpKind
+from .parallel_rules import Arg, Expr, add, concat, make_rule, matmul, op, split, transpose
+from .rule import Constraint, Rule
+
+MAX_ARITY = 8
+"""Widest concatenation a Concat-Linear rule is instantiated for."""
+MAX_SIBLINGS = 4
+"""Most projections of one input that a sibling-fusion rule fuses."""
+
+
+def gemm(a: Arg, w: Arg, *bias: Arg, trans_b: bool) -> Expr:
+    return op(OpKind.Gemm, a, w, *bias, trans_a=False, trans_b=trans_b, alpha=1.0, beta=1.0)
+
+
+def _weight(w: Arg, trans_b: bool) -> Arg:
+    return transpose(w) if trans_b else w
+
+
+def _equal_widths(names: list[str], axis: int) -> list[Constraint]:
+    return [Constraint("EQUAL", ("dim", t, axis), ("dim", names[0], axis)) for t in names[1:]]
+
+
+def _sum(terms: list[Arg]) -> Arg:
+    acc = terms[0]
+    for t in terms[1:]:
+        acc = add(acc, t)
+    return acc
+
+
+def gemm_rules() -> list[Rule]:
+    """``Gemm = MatMul (+ Add)``, both ways: a Gemm's bias and transpose made explicit, so
+    that the parallelization rules of MatMul (its row split among them) apply to it."""
+    out = []
+    for trans_b in (False, True):
+        tag = "-trans-b" if trans_b else ""
+        w = "Wt" if trans_b else "W"
+        out += [
+            make_rule(f"gemm{tag}-as-matmul-add", ("x", w, "b"), gemm("x", w, "b", trans_b=trans_b),
+                      add(matmul("x", _weight(w, trans_b)), "b"), params=(),
+                      doc=f"Gemm(x, {w}, b) = Add(MatMul(x, {'Transpose(Wt)' if trans_b else 'W'}), b)"),
+            make_rule(f"gemm{tag}-as-matmul", ("x", w), gemm("x", w, trans_b=trans_b),
+                      matmul("x", _weight(w, trans_b)), params=(),
+                      doc=f"Gemm(x, {w}) = MatMul(x, {'Transpose(Wt)' if trans_b else 'W'})"),
+        ]
+    return out
+
+
+def concat_linear(n: int) -> Rule:
+    """``MatMul(Concat(a_1..a_n), W) = Σ MatMul(a_i, W_i)``, ``W_i`` the i-th of n equal
+    row blocks of ``W``: a layer over a concatenation is a sum of layers over its parts
+    (with W's rows split across devices, the all-gather of the parts becomes one reduction)."""
+    a = [f"a{i}" for i in range(1, n + 1)]
+    blocks = split("W", -2, n)
+    return make_rule(f"concat-linear-{n}", (*a, "W"), matmul(concat(*a, axis=-1), "W"),
+                     _sum([matmul(x, blocks[i]) for i, x in enumerate(a)]), params=(),
+                     constraints=_equal_widths(a, -1),
+                     doc=f"MatMul(Concat(a1..a{n}, -1), W) = Σ MatMul(a_i, Split(W, -2, {n})[i])")
+
+
+def concat_gemm(n: int) -> Rule:
+    """The same for a biased, transposed-weight Gemm (how PyTorch exports ``nn.Linear``):
+    the bias is added once, to the sum."""
+    a = [f"a{i}" for i in range(1, n + 1)]
+    blocks = split("Wt", -1, n)
+    parts = [gemm(x, blocks[i], trans_b=True) for i, x in enumerate(a)]
+    return make_rule(f"concat-gemm-{n}", (*a, "Wt", "b"), gemm(concat(*a, axis=-1), "Wt", "b", trans_b=True),
+                     add(_sum(parts), "b"), params=(), constraints=_equal_widths(a, -1),
+                     doc=f"Gemm(Concat(a1..a{n}, -1), Wt, b) = Σ Gemm(a_i, Split(Wt, -1, {n})[i]) + b")
+
+
+def sibling_matmuls(n: int) -> Rule:
+    """n MatMuls of one input are one MatMul on the concatenated weights, then a Split
+    (a multi-output rule: attention's Q, K and V projections)."""
+    w = [f"W{i}" for i in range(1, n + 1)]
+    return make_rule(f"sibling-matmul-{n}", ("x", *w), [matmul("x", wi) for wi in w],
+                     split(matmul("x", concat(*w, axis=-1)), -1, n), params=(),
+                     constraints=_equal_widths(w, -1),
+                     doc=f"MatMul(x, W1), ..., MatMul(x, W{n}) = Split(MatMul(x, Concat(W1..W{n}, -1)), -1, {n})")
+
+
+def sibling_gemms(n: int) -> Rule:
+    """The same for biased, transposed-weight Gemms: weights concatenated along their
+    rows, biases along their one dim."""
+    w = [f"Wt{i}" for i in range(1, n + 1)]
+    b = [f"b{i}" for i in range(1, n + 1)]
+    return make_rule(f"sibling-gemm-{n}", ("x", *w, *b), [gemm("x", wi, bi, trans_b=True) for wi, bi in zip(w, b)],
+                     split(gemm("x", concat(*w, axis=-2), concat(*b, axis=-1), trans_b=True), -1, n), params=(),
+                     constraints=_equal_widths(w, -2) + [Constraint("EQUAL", ("rank", bi), 1) for bi in b],
+                     doc=f"Gemm(x, Wt1, b1), ..., Gemm(x, Wt{n}, b{n}) = "
+                         f"Split(Gemm(x, Concat(Wt1..Wt{n}, -2), Concat(b1..b{n}, -1)), -1, {n})")
+
+
+def family_rules() -> list[Rule]:
+    """Every instance of every family, in a fixed order."""
+    out = gemm_rules()
+    out += [concat_linear(n) for n in range(2, MAX_ARITY + 1)]
+    out += [concat_gemm(n) for n in range(2, MAX_ARITY + 1)]
+    out += [sibling_matmuls(n) for n in range(2, MAX_SIBLINGS + 1)]
+    out += [sibling_gemms(n) for n in range(2, MAX_SIBLINGS + 1)]
+    return [_tagged(r) for r in out]
+
+
+def _tagged(r: Rule) -> Rule:
+    return Rule(r.inputs, r.params, r.src, r.dst, r.constraints, r.name, {**r.meta, "origin": "family"})
+
+
+FAMILY_RULES: list[Rule] = family_rules()
