@@ -14,7 +14,7 @@ from unity_cli.ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from unity_cli.ir.ops.gather_reduce import GatherAttrs, ReduceAttrs
 from unity_cli.ir.ops.linear import GemmAttrs, MatMulAttrs
 from unity_cli.ir.ops.norm import LayerNormAttrs, SoftmaxAttrs
-from unity_cli.ir.ops.shape_ops import ConcatAttrs, ReshapeAttrs, TransposeAttrs
+from unity_cli.ir.ops.shape_ops import ConcatAttrs, ReshapeAttrs, SplitAttrs, TransposeAttrs
 from unity_cli.ir.ops.unary import UNARY
 from unity_cli.ir.opspec import OpCost, spec_of
 from unity_cli.ir.shapes import TensorShape
@@ -92,5 +92,7 @@ def test_gather_reads_only_the_rows_it_takes():
 def test_reduce_and_data_movement():
     assert cost(ReduceAttrs("mean", (1,)), T(4, 8)) == OpCost(32, 4 * (32 + 4), 64, 8 * (32 + 4))
     assert cost(TransposeAttrs((1, 0)), T(4, 8)) == OpCost(0, 4 * 64, 0, 4 * 64)
-    assert cost(ConcatAttrs(1), T(4, 8), T(4, 8)) == OpCost(0, 4 * 128, 0, 4 * 128)
+    # Concat copies forward and hands out views of the gradient backward; Split the reverse.
+    assert cost(ConcatAttrs(1), T(4, 8), T(4, 8)) == OpCost(0, 4 * 128, 0, 0)
+    assert cost(SplitAttrs(1, (4, 4)), T(4, 8)) == OpCost(0, 0, 0, 4 * 64)
     assert cost(ReshapeAttrs((8, 4)), T(4, 8)) == OpCost(0, 0, 0, 0, kernels=0)   # a view: no kernel

@@ -105,16 +105,17 @@ def test_a_candidate_cap_gives_the_same_plan_everywhere(tmp_path, tiny_models, c
     assert search["capped"] is True and search["candidates"] <= 6 + 4  # the unity share, plus its start graphs
 
 
-RELU_THROUGH_CONCAT = "Concat(Relu(a), Relu(b), axis=-1) = Relu(Concat(a, b, axis=-1))"
+FUSE_SIBLINGS = "Concat(MatMul(a, b), MatMul(a, c), axis=-1) = MatMul(a, Concat(b, c, axis=-1))"
 
 
-def test_joint_search_beats_both_search_baselines(tmp_path, cluster_dir, rules):
-    """Two Linears sharing an input, concatenated, then Relu and a row-parallel Linear, on 8
-    GPUs: tensor parallelism must gather the two column-split halves before the Concat, so
-    the Relu runs whole on every device. Pushing the Relu *up* through the Concat (the
-    reverse of an algebraic rule, slower on one device: two kernels instead of one) lets it
-    run on the shards. ``parallel_only`` lacks the rule; ``algebraic_then_parallel`` would
-    only apply it if it paid off on one device, which it does not."""
+def test_fusing_two_linears_makes_a_megatron_pair(tmp_path, cluster_dir, rules):
+    """Two Linears sharing an input, concatenated, then Relu and a Linear, on 8 GPUs.
+    Without rewrites, tensor parallelism gathers the two column-split halves before the
+    Concat. Fusing the two into one MatMul on their concatenated weights (stored folded:
+    one GEMM and no Concat, so faster on one device too) makes the whole a column-then-row
+    pair. Both searches that have the algebraic rules find it; ``parallel_only`` cannot.
+    (``test_a_bias_set_apart_lets_the_second_linear_split_by_rows`` is a rewrite that only
+    the joint search finds.)"""
     from models.catalog import shared_input_model
 
     pcg = import_model(shared_input_model(tmp_path / "m.onnx"), ImportOptions()).pcg
@@ -125,11 +126,11 @@ def test_joint_search_beats_both_search_baselines(tmp_path, cluster_dir, rules):
     assert po.stats.converged  # not for want of budget
     best = unity.chosen.report.step_time
     assert best < 0.97 * po.chosen.report.step_time
-    assert best < 0.97 * atp.chosen.report.step_time
+    assert best <= atp.chosen.report.step_time * (1 + 1e-9)
     assert best < 0.97 * unity.candidates["tensor_parallel"].report.step_time
-    made_the_difference = [a for a in unity.rewrites if a.rule_name == RELU_THROUGH_CONCAT]
-    assert made_the_difference and made_the_difference[0].reverse and made_the_difference[0].at == "relu"
-    assert not any(a.rule_name == RELU_THROUGH_CONCAT for a in po.rewrites + atp.rewrites)
+    assert [a.at for a in unity.rewrites if a.rule_name.startswith(FUSE_SIBLINGS)] == ["concat"]
+    assert any(n.op.parts for _, n in unity.chosen.baseline.pcg if n.kind == "Weight")
+    assert any(n.kind == "Reduction" for _, n in unity.chosen.baseline.pcg)
 
 
 def test_a_search_never_returns_less_than_the_baselines_it_started_from(tmp_path, cluster_dir, rules):
@@ -156,3 +157,37 @@ def test_the_help_states_the_default_work_count():
 
     text = " ".join(CliRunner().invoke(cli, ["optimize", "--help"]).output.split())
     assert f"(default: {DEFAULT_CANDIDATES})" in text
+
+
+def pcie_cluster(tmp_path: Path, cluster_dir: Path, devices: int = 4) -> Path:
+    """``devices`` A100s on PCIe-class links (16 GB/s): communication matters."""
+    spec = tmp_path / f"pcie-{devices}.yaml"
+    spec.write_text((cluster_dir / "dgx-a100-8.yaml").read_text().replace("devices: 8", f"devices: {devices}")
+                    .replace("300 GB/s", "16 GB/s").replace("name: dgx-a100-8", f"name: pcie-a100-{devices}"))
+    return spec
+
+
+def test_a_bias_set_apart_lets_the_second_linear_split_by_rows(tmp_path, cluster_dir, rules):
+    """PyTorch's nn.Linear is a Gemm with its bias inside, and a Gemm's row split would add
+    the bias once per partial sum: tensor parallelism gathers the hidden layer instead.
+    Setting the bias apart (``Gemm(x, W, b) = Gemm(x, W) + b``, slower on one device: one
+    launch more) lets the solver split the second Gemm by rows (Megatron) and reduce before
+    the bias: less communication. ``parallel_only`` lacks the rule, ``algebraic_then_parallel``
+    does not apply it on one device; the plan says what the rewrite bought."""
+    from models.families import torch_mlp
+
+    pcg = import_model(torch_mlp(tmp_path / "mlp.onnx", width=1024, layers=1, shape_only=True),
+                       ImportOptions(batch_size=64)).pcg
+    cluster = load_cluster(pcie_cluster(tmp_path, cluster_dir))
+    res = {s: optimize(pcg, cluster, CostConfig(), s, rules) for s in ("unity", "parallel_only",
+                                                                      "algebraic_then_parallel")}
+    best = res["unity"].chosen.report.step_time
+    assert best < 0.95 * res["parallel_only"].chosen.report.step_time
+    assert best < 0.95 * res["algebraic_then_parallel"].chosen.report.step_time
+    (bias,) = [a for a in res["unity"].rewrites if a.rule_name == "gemm-trans-b-bias-as-add"]
+    assert bias.at == "l0.1.gemm" and not bias.reverse
+    bought = dict(bias.bought)
+    assert bought["comm_ms"] > 0 and bought["step_ms"] > 0 > bought["compute_ms"]   # comm saved, a launch paid
+    assert any(n.kind == "Reduction" for _, n in res["unity"].chosen.baseline.pcg)
+    assert not any(a.rule_name == bias.rule_name for s in ("parallel_only", "algebraic_then_parallel")
+                   for a in res[s].rewrites)

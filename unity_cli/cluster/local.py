@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from unity_cli.cluster.spec import ClusterSpec, DeviceKind, DeviceType, Link, NodeSpec
+from unity_cli.cluster.spec import ClusterSpec, DeviceKind, DeviceType, Link, NodeSpec, default_launch_overhead
 
 __all__ = ["CPU_CORE", "CPU_SHARED_MEMORY_LINK", "local_cluster"]
 
@@ -25,7 +25,7 @@ GiB = 2**30
 CPU_CORE_FLOPS = (("float32", 50e9), ("float64", 25e9))
 CPU_CORE_MEMORY_BANDWIDTH = 10e9
 CPU_SHARED_MEMORY_LINK = Link(bandwidth=5e9, latency=2e-6)
-CPU_LAUNCH_OVERHEAD = 1e-6
+CPU_LAUNCH_OVERHEAD = default_launch_overhead(DeviceKind.CPU)   # the runtime's dispatch per op and pass
 CPU_CORE = "cpu-core"
 _FALLBACK_MEMORY_PER_CORE = 4 * GiB
 

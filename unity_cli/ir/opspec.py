@@ -221,11 +221,19 @@ def all_specs() -> Mapping[str, OpSpec]:
     return dict(sorted(_REGISTRY.items()))
 
 
+OMIT_DEFAULT = "omit_default"
+"""Field metadata: the field is left out of an op's JSON while it holds its default (a
+field added later, so that graphs and plans without it keep their bytes and hashes)."""
+
+
 def attrs_to_json(attrs: Any) -> dict[str, Any]:
     """Canonical JSON-able form of an attrs dataclass (kind + fields)."""
     out: dict[str, Any] = {"kind": spec_of(attrs).kind}
     for f in dataclasses.fields(attrs):
-        out[f.name] = _plain(getattr(attrs, f.name))
+        v = getattr(attrs, f.name)
+        if f.metadata.get(OMIT_DEFAULT) and v == f.default:
+            continue
+        out[f.name] = _plain(v)
     return out
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from .ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs
-from .ops.sources import InputAttrs
+from .ops.sources import InputAttrs, WeightAttrs
+from .opspec import OpKind
 from .pcg import PCG, GraphBuilder, TensorRef
 
 IDENTITY = "identity"
@@ -68,10 +69,58 @@ def fuse(first: Any, second: Any) -> Any | None:
 
 
 def simplify(pcg: PCG) -> PCG:
-    """Fuse chains of parallel ops and drop degree-1 ones and dead nodes, to a fixed point."""
+    """Fuse chains of parallel ops and drop degree-1 ones and dead nodes, to a fixed point;
+    fold concatenations of weights into one weight."""
     while _changes(pcg):
         pcg = prune(_pass(pcg)[0])
-    return prune(pcg)
+    return prune(fold_weight_concats(pcg))
+
+
+def _foldable(pcg: PCG, i: int) -> tuple[tuple[str, int], ...] | None:
+    """The parts of the weight that Concat node ``i`` would fold into, or None: every input a
+    distinct, whole weight (no parallel op on it) that only this Concat reads, all trainable
+    or all constant, a folded one only along the same axis."""
+    n = pcg.nodes[i]
+    if n.kind != OpKind.Concat or len(n.inputs) < 2 or TensorRef(i, 0) in pcg.outputs:
+        return None
+    ws = [pcg.nodes[r.node] for r in n.inputs]
+    if len({r.node for r in n.inputs}) != len(ws) or not all(isinstance(w.op, WeightAttrs) for w in ws):
+        return None
+    if len({w.op.trainable for w in ws}) != 1 or any(len(pcg.consumers[r.node]) != 1 for r in n.inputs):
+        return None
+    parts: list[tuple[str, int]] = []
+    for w in ws:
+        if w.op.parts and w.op.part_axis != n.op.axis:
+            return None
+        parts += w.op.parts or [(w.name, w.op.shape.dims[n.op.axis])]
+    return tuple(parts)
+
+
+def fold_weight_concats(pcg: PCG) -> PCG:
+    """Each ``Concat`` of weights becomes one weight holding the concatenation (a fused
+    projection's weights are stored concatenated, not concatenated every step); the weight
+    records its parts, so the runtime loads and saves the model's own initializers."""
+    folds = {i: parts for i, n in pcg if n.kind == OpKind.Concat and (parts := _foldable(pcg, i))}
+    if not folds:
+        return pcg
+    names = {n.name for _, n in pcg}
+    b = GraphBuilder()
+    remap: dict[TensorRef, TensorRef] = {}
+    for i, n in pcg:
+        if i in folds:
+            name = base = "+".join(p for p, _ in folds[i])
+            k = 1
+            while name in names:
+                name, k = f"{base}#{k}", k + 1
+            names.add(name)
+            trainable = pcg.nodes[n.inputs[0].node].op.trainable
+            op = WeightAttrs(n.outputs[0].logical, trainable, folds[i], n.op.axis)
+            remap[TensorRef(i, 0)] = b.add1(op, (), name)
+            continue
+        outs = b.add(n.op, [remap[r] for r in n.inputs], n.name, outputs=n.outputs)
+        for k, o in enumerate(outs):
+            remap[TensorRef(i, k)] = o
+    return fold_weight_concats(prune(b.build([remap[r] for r in pcg.outputs])))   # a Concat of those, too
 
 
 def _changes(pcg: PCG) -> bool:

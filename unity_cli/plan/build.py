@@ -5,6 +5,8 @@ from pathlib import Path
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport
+from ..ir.machine_view import MachineView
+from ..ir.pcg import PCG
 from ..onnx_import import ImportedModel
 from ..search.optimize import SearchResult
 from .plan import Plan
@@ -28,14 +30,6 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     predicted = report_summary(chosen.report, chosen.baseline.devices)
     predicted["memory_bytes"] = list(chosen.report.memory)
     predicted["comm_bytes"] = list(chosen.report.comm_bytes)   # sent per device per step (cost.moves)
-    model_info = {
-        "path": Path(model.path).as_posix(),
-        "sha256": model.sha256,
-        "inputs": {k: {"dims": list(v.dims), "dtype": v.dtype.value} for k, v in sorted(model.inputs.items())},
-        "outputs": list(model.outputs),
-        "batch_size": model.batch_size,
-        "opset": model.opset,
-    }
     baselines = {name: {**report_summary(c.report, c.baseline.devices), "description": c.baseline.description}
                  for name, c in sorted(result.candidates.items())}
     search = dict(search or {})
@@ -49,12 +43,40 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
                       capped=result.stats.capped, segments=result.stats.segments,
                       segment_problems=result.stats.segment_problems)
     rewrites = tuple({"rule": a.rule_id, "name": a.rule_name, "reverse": a.reverse, "at": a.at,
-                      "params": dict(a.params)} for a in result.rewrites)
+                      "params": dict(a.params), **({"bought": dict(a.bought)} if a.bought else {})}
+                     for a in result.rewrites)
+    return Plan(model_info(model), cluster, config_json(config),
+                chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
+                rewrites=rewrites, search=search)
+
+
+def model_info(model: ImportedModel) -> dict:
+    """What a plan records of the model it was made for."""
+    return {
+        "path": Path(model.path).as_posix(),
+        "sha256": model.sha256,
+        "inputs": {k: {"dims": list(v.dims), "dtype": v.dtype.value} for k, v in sorted(model.inputs.items())},
+        "outputs": list(model.outputs),
+        "batch_size": model.batch_size,
+        "opset": model.opset,
+    }
+
+
+def config_json(config: CostConfig) -> dict:
     cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}
     if config.memory_limit is not None:
         cfg["memory_limit_bytes"] = config.memory_limit
     if config.profile is not None:  # only then: plans made without one stay byte-identical
         cfg["profile"] = {"path": config.profile.source, "sha256": config.profile.sha256}
-    return Plan(model_info, cluster, cfg,
-                chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
-                rewrites=rewrites, search=search)
+    return cfg
+
+
+def plan_of(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, strategy: str, pcg: PCG,
+            views: tuple[MachineView, ...], report: CostReport, rewrites: tuple[dict, ...] = ()) -> Plan:
+    """A plan for one priced graph (a benchmark's or a test's: a graph no search chose),
+    with the prediction ``unity run`` compares against, its bytes per device included."""
+    predicted = report_summary(report, cluster.num_devices)
+    predicted["memory_bytes"] = list(report.memory)
+    predicted["comm_bytes"] = list(report.comm_bytes)
+    return Plan(model_info(model), cluster, config_json(config), strategy, pcg, views, predicted,
+                {strategy: report_summary(report, cluster.num_devices)}, rewrites=rewrites)

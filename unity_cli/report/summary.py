@@ -73,11 +73,24 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
         for r in plan.rewrites[:8]:
             arrow = " (right to left)" if r.get("reverse") else ""
             lines.append(f"           {r['name']}{arrow}  at {r['at']}  [rule {r['rule']}]")
+            if r.get("bought"):
+                lines.append(f"             {bought_text(r['bought'])}")
         if len(plan.rewrites) > 8:
             lines.append(f"           ... and {len(plan.rewrites) - 8} more (see the plan's \"rewrites\")")
     if plan_path:
         lines.append(f"wrote    {plan_path}")
     return "\n".join(lines)
+
+
+def bought_text(b: Mapping[str, float]) -> str:
+    """What one rewrite changed, as the search priced it when it applied it (``bought``
+    holds before less after; shown as after less before: "-" is a saving)."""
+    def ms(v: float) -> str:
+        return f"{'-' if v > 0 else '+'}{fmt_ms(abs(v))}"
+    mem = b.get("memory_bytes", 0)
+    return (f"changed step time {ms(b.get('step_ms', 0.0))}: compute {ms(b.get('compute_ms', 0.0))}, "
+            f"communication {ms(b.get('comm_ms', 0.0))}, memory {'-' if mem > 0 else '+'}{fmt_bytes(abs(mem))} "
+            "per device")
 
 
 def run_prediction(plan: Plan, loss: str) -> tuple[dict[str, float], list[int]]:

@@ -14,6 +14,7 @@ from ..files import write_atomic
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import OpKind
 from ..ir.pcg import PCG
+from ..ir.shapes import TensorShape
 from ..onnx_import import ImportedModel, ImportOptions, import_model
 from ..onnx_import.load import file_sha256, load_onnx, tensor_value
 from ..plan.plan import Plan
@@ -65,8 +66,7 @@ def weight_values(path: Path, imported: ImportedModel, graphs: list[PCG], seed: 
         for _, n in g:
             if isinstance(n.op, WeightAttrs) and n.name not in seen:
                 seen[n.name] = n.op
-    for name in sorted(seen):
-        op = seen[name]
+    def load(name: str, op: WeightAttrs) -> np.ndarray:
         dims, dtype = op.shape.dims, op.shape.dtype.numpy
         value = imported.constants.get(name)
         if value is None:
@@ -83,8 +83,39 @@ def weight_values(path: Path, imported: ImportedModel, graphs: list[PCG], seed: 
         value = np.array(value, dtype=dtype) if op.trainable else np.asarray(value).astype(dtype, copy=False)
         if value.shape != dims:
             raise ModelError(f"{path}: weight {name!r} holds {list(value.shape)}, the graph wants {list(dims)}")
-        (trainable if op.trainable else constants)[name] = value
+        return value
+
+    values: dict[str, np.ndarray] = {}
+    for name in sorted(n for n, op in seen.items() if not op.parts):
+        values[name] = load(name, seen[name])
+    for name in sorted(n for n, op in seen.items() if op.parts):
+        # A folded weight is its parts, concatenated: the very values the original graph's
+        # weights of those names get (a part missing from the file is drawn once, for both).
+        op = seen[name]
+        for part, size in op.parts:
+            if part not in values:
+                dims = list(op.shape.dims)
+                dims[op.part_axis] = size
+                seen[part] = WeightAttrs(TensorShape(tuple(dims), op.shape.dtype), op.trainable)
+                values[part] = load(part, seen[part])
+        values[name] = np.concatenate([values[part] for part, _ in op.parts], axis=op.part_axis)
+    for name, value in values.items():
+        (trainable if seen[name].trainable else constants)[name] = value
     return WeightValues(trainable, constants, tuple(missing))
+
+
+def unfold(values: dict[str, np.ndarray], pcg: PCG) -> dict[str, np.ndarray]:
+    """``values`` (of a plan's weights, or their gradients) with each folded weight of
+    ``pcg`` replaced by its parts, under the model's own names."""
+    out = dict(values)
+    for _, n in pcg:
+        if isinstance(n.op, WeightAttrs) and n.op.parts and n.name in out:
+            whole = out.pop(n.name)
+            bounds = np.cumsum([size for _, size in n.op.parts])[:-1]
+            for (part, _), piece in zip(n.op.parts, np.split(np.asarray(whole), bounds, axis=n.op.part_axis),
+                                        strict=True):
+                out[part] = piece
+    return out
 
 
 def save_trained(path: Path, out: str | os.PathLike, weights: dict[str, np.ndarray]) -> int:

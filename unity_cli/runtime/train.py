@@ -30,7 +30,7 @@ from .data import Data, gather_tables, read_npz
 from .device import array_module
 from .executor import build_executor
 from .loss import LossKind, choose_loss
-from .model_io import import_for_plan, resolve_model, save_trained, weight_values
+from .model_io import import_for_plan, resolve_model, save_trained, unfold, weight_values
 from .optim import OptimizerConfig
 from .phases import StepClock, measured_phases_ms, phase_table
 from .weights import ParamStore
@@ -352,7 +352,8 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     for s in range(opts.steps):
         batch = job.data.batch(s)
         target = xp.asarray(batch.labels)
-        before = job.params.gather(0) if opts.check else {}    # every rank takes part; rank 0 gets them
+        # every rank takes part; rank 0 gets them, a folded weight as the model's weights it holds
+        before = unfold(job.params.gather(0), job.plan.pcg) if opts.check else {}
         comm.barrier()
         t0 = time.perf_counter()
         why = f"injected fault in step {s} (UNITY_FAULT_RANK={rank})" if fault == s else None
@@ -362,7 +363,8 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
         clock.stop(times[-1])
         losses.append(loss)
         if opts.check:
-            grads, after = job.params.gather(0, "grads"), job.params.gather(0)
+            grads = unfold(job.params.gather(0, "grads"), job.plan.pcg)
+            after = unfold(job.params.gather(0), job.plan.pcg)
             if reference is not None and check is not None:
                 ref_loss, ref_grads = reference.gradients(before, batch.inputs, target)
                 check.compare(s, loss, ref_loss, grads, ref_grads, after, reference.updated(before, grads),
@@ -373,7 +375,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     sent = comm.allgather_obj(clock.sent)            # per rank, per step (exact fractions)
     rss = comm.allgather_obj(peak_rss())
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
-    final = job.params.gather(0) if opts.save else {}
+    final = unfold(job.params.gather(0), job.plan.pcg) if opts.save else {}
     failure = None
     if opts.check:
         failure = comm.bcast_obj(None if check is None or check.passed else

@@ -15,7 +15,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate
@@ -38,6 +38,16 @@ class Applied:
     reverse: bool                  # applied target -> source
     at: str                        # the name (or kind) of the node the match was rooted at
     params: tuple[tuple[str, int], ...] = ()
+    bought: tuple[tuple[str, float], ...] = ()   # what it saved, as the search priced it (see `saved`)
+
+
+def saved(before: CostReport, after: CostReport) -> tuple[tuple[str, float], ...]:
+    """What a rewrite bought: the step time, the busiest device's compute and communication
+    (ms) and the largest memory per device (bytes), before less after (negative: it cost)."""
+    peak = max(before.memory, default=0) - max(after.memory, default=0)
+    return (("step_ms", round((before.step_time - after.step_time) * 1e3, 6)),
+            ("compute_ms", round((before.compute_time - after.compute_time) * 1e3, 6)),
+            ("comm_ms", round((before.comm_time - after.comm_time) * 1e3, 6)), ("memory_bytes", peak))
 
 
 @dataclass(frozen=True)
@@ -138,7 +148,8 @@ class JointSearch:
                     cut = True
                     break
                 self.stats.candidates += 1
-                f = Found(new.pcg, views, rep, cur.start, new.path)
+                path = new.path[:-1] + (replace(new.path[-1], bought=saved(cur.report, rep)),)
+                f = Found(new.pcg, views, rep, cur.start, path)
                 if _faster(rep, best.report):
                     self._improved_at = self.stats.candidates
                 best = _better(best, f)

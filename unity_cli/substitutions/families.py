@@ -44,8 +44,10 @@ def _sum(terms: list[Arg]) -> Arg:
 
 
 def gemm_rules() -> list[Rule]:
-    """``Gemm = MatMul (+ Add)``, both ways: a Gemm's bias and transpose made explicit, so
-    that the parallelization rules of MatMul (its row split among them) apply to it."""
+    """``Gemm = MatMul (+ Add)`` and ``Gemm(x, W, b) = Gemm(x, W) + b``, both ways: a Gemm's
+    bias (and transpose) made explicit, so that its product can be split along the
+    contracted dim (Megatron's row split: the partial sums are reduced, then the bias is
+    added once), which a Gemm with its bias inside cannot be."""
     out = []
     for trans_b in (False, True):
         tag = "-trans-b" if trans_b else ""
@@ -54,6 +56,9 @@ def gemm_rules() -> list[Rule]:
             make_rule(f"gemm{tag}-as-matmul-add", ("x", w, "b"), gemm("x", w, "b", trans_b=trans_b),
                       add(matmul("x", _weight(w, trans_b)), "b"), params=(),
                       doc=f"Gemm(x, {w}, b) = Add(MatMul(x, {'Transpose(Wt)' if trans_b else 'W'}), b)"),
+            make_rule(f"gemm{tag}-bias-as-add", ("x", w, "b"), gemm("x", w, "b", trans_b=trans_b),
+                      add(gemm("x", w, trans_b=trans_b), "b"), params=(),
+                      doc=f"Gemm(x, {w}, b) = Add(Gemm(x, {w}), b): the bias apart, the product as it was"),
             make_rule(f"gemm{tag}-as-matmul", ("x", w), gemm("x", w, trans_b=trans_b),
                       matmul("x", _weight(w, trans_b)), params=(),
                       doc=f"Gemm(x, {w}) = MatMul(x, {'Transpose(Wt)' if trans_b else 'W'})"),

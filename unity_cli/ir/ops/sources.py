@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..opspec import ZERO_COST, OpCost, OpKind, OpSpec, register
+from ..opspec import OMIT_DEFAULT, ZERO_COST, OpCost, OpKind, OpSpec, register
 from ..shapes import ParallelTensorShape, TensorShape
 
 
@@ -25,6 +25,11 @@ class WeightAttrs:
 
     shape: TensorShape
     trainable: bool = True
+    parts: tuple[tuple[str, int], ...] = field(default=(), metadata={OMIT_DEFAULT: True})
+    """A weight folded from a concatenation of the model's weights: each ``(name, size)``
+    along ``part_axis``, in order (``ir/simplify.fold_weight_concats``). The runtime loads it
+    from those weights and saves it back into them, so the model keeps its structure."""
+    part_axis: int = field(default=0, metadata={OMIT_DEFAULT: True})
 
 
 class _Source(OpSpec):

@@ -1,0 +1,121 @@
+"""Small ONNX models, written as exporters write them, that contain what each algebraic rule
+family rewrites (``substitutions/families.py``); ``width`` scales every feature dim, so the
+tests run them tiny and ``benchmarks/rewrites.py`` large enough to time."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+from models.catalog import absent_initializer
+from onnx import TensorProto, helper, numpy_helper
+
+from unity_cli.cluster.parse import load_cluster
+from unity_cli.cost.model import CostConfig, estimate
+from unity_cli.ir.simplify import simplify
+from unity_cli.onnx_import import ImportOptions, import_model
+from unity_cli.plan.build import plan_of
+from unity_cli.search.baselines import data_parallel
+from unity_cli.search.views import default_views
+from unity_cli.substitutions.families import FAMILY_RULES
+from unity_cli.substitutions.match import apply_match, find_matches
+
+
+def _model(path: Path, nodes, inputs, inits, out_dims) -> Path:
+    rng = np.random.default_rng(7)
+    tensors = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n) for n, s in inits]
+    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", d])
+                                             for n, d in inputs],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", out_dims])], tensors)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+MM, GEMM = "MatMul", "Gemm"
+
+
+def qkv(path: Path, width: int = 8) -> Path:
+    """Attention's projections: three MatMuls of one input, mixed after."""
+    d, h = 2 * width, width
+    nodes = [helper.make_node(MM, ["x", w], [o]) for w, o in (("wq", "q"), ("wk", "k"), ("wv", "v"))]
+    nodes += [helper.make_node("Mul", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["s"]),
+              helper.make_node("Relu", ["s"], ["r"]), helper.make_node(MM, ["r", "wo"], ["y"])]
+    return _model(path, nodes, [("x", d)], [("wq", (d, h)), ("wk", (d, h)), ("wv", (d, h)), ("wo", (h, 4))], 4)
+
+
+def linears(path: Path, width: int = 8) -> Path:
+    """PyTorch-style nn.Linear (Gemm, transB, bias): two of one input, concatenated, into a third."""
+    nodes = [helper.make_node(GEMM, ["x", "w1", "b1"], ["p"], transB=1),
+             helper.make_node(GEMM, ["x", "w2", "b2"], ["q"], transB=1),
+             helper.make_node("Relu", ["p"], ["rp"]), helper.make_node("Tanh", ["q"], ["tq"]),
+             helper.make_node("Concat", ["rp", "tq"], ["c"], axis=1),
+             helper.make_node(GEMM, ["c", "w3", "b3"], ["y"], transB=1)]
+    d, h = 2 * width, width
+    return _model(path, nodes, [("x", d)],
+                  [("w1", (h, d)), ("b1", (h,)), ("w2", (h, d)), ("b2", (h,)), ("w3", (4, 2 * h)), ("b3", (4,))], 4)
+
+
+def bags(path: Path, width: int = 8) -> Path:
+    """A layer over the concatenation of three features (XDL's embedding bags)."""
+    nodes = [helper.make_node("Relu", [f"x{i}"], [f"r{i}"]) for i in range(3)]
+    nodes += [helper.make_node("Concat", ["r0", "r1", "r2"], ["c"], axis=1), helper.make_node(MM, ["c", "w"], ["y"])]
+    return _model(path, nodes, [(f"x{i}", width) for i in range(3)], [("w", (3 * width, 4))], 4)
+
+
+def family_plans(root: Path, make, rule_name: str, spec: Path, ranks: int, batch: int = 12,
+                 width: int = 8, config: CostConfig = CostConfig()) -> tuple[Path, Path]:
+    """Two data-parallel plans over ``ranks`` devices of the model ``make`` writes: as it is,
+    and rewritten by the family rule at its first match (``spec``: a cluster spec whose
+    ``devices:`` count is replaced)."""
+    model = make(root / f"{make.__name__}-{width}.onnx", width)
+    imported = import_model(model, ImportOptions(batch_size=batch))
+    rule = next(r for r in FAMILY_RULES if r.name == rule_name)
+    matches = find_matches(imported.pcg, rule)
+    assert matches, f"{rule_name} does not match {model.name}"
+    cluster_file = root / f"cpu-{ranks}.yaml"
+    cluster_file.write_text(re.sub(r"devices: \d+", f"devices: {ranks}", spec.read_text()))
+    cluster = load_cluster(cluster_file)
+    rewrite = {"rule": rule.id, "name": rule.name, "reverse": False, "at": "", "params": {}}
+    out = []
+    for tag, pcg, rewrites in (("as-is", imported.pcg, ()),
+                               (rule_name, simplify(apply_match(imported.pcg, matches[0])), (rewrite,))):
+        base = data_parallel(pcg, cluster)
+        views = default_views(base.pcg)
+        plan = plan_of(imported, cluster, config, "unity", base.pcg, views,
+                       estimate(base.pcg, views, cluster, config), rewrites)
+        path = root / f"{make.__name__}-{width}-{tag}-{ranks}.json"
+        plan.save(path)
+        out.append(path)
+    return out[0], out[1]
+
+
+def torch_mlp(path: Path, width: int = 8, layers: int = 2, batch: int | str = "batch",
+              shape_only: bool = False) -> Path:
+    """An MLP as PyTorch exports ``nn.Linear``: Gemm(x, W, b, transB=1) then Relu, ``layers``
+    pairs of width ``4 width`` then back to ``width``. A Gemm's bias blocks the row split of
+    Megatron's second layer (its partial sums would each add it); written as MatMul + Add, the
+    row split can reduce first and add the bias once."""
+    rng = np.random.default_rng(5)
+    d, h = width, 4 * width
+    nodes, inits, x = [], [], "x"
+    for k in range(layers):
+        for j, (o, i) in enumerate(((h, d), (d, h))):
+            w, b, y = f"l{k}.{j}.weight", f"l{k}.{j}.bias", f"l{k}.{j}"
+            inits += [_init(w, (o, i), rng, shape_only), _init(b, (o,), rng, shape_only)]
+            nodes.append(helper.make_node(GEMM, [x, w, b], [y], transB=1, name=f"{y}.gemm"))
+            x = y
+            if j == 0:
+                nodes.append(helper.make_node("Relu", [y], [y + ".relu"], name=f"{y}.relu"))
+                x = y + ".relu"
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, d])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _init(name: str, dims: tuple[int, ...], rng: np.random.Generator, shape_only: bool) -> onnx.TensorProto:
+    if shape_only:   # dims only, enough to plan
+        return absent_initializer(name, dims)
+    return numpy_helper.from_array((rng.standard_normal(dims) / np.sqrt(dims[-1])).astype(np.float32), name)
