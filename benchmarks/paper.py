@@ -37,6 +37,7 @@ from unity_cli.cluster import load_cluster  # noqa: E402
 from unity_cli.cost.model import CostConfig, Optimizer  # noqa: E402
 from unity_cli.errors import InfeasibleError  # noqa: E402
 from unity_cli.onnx_import import ImportOptions, import_model  # noqa: E402
+from unity_cli.report.summary import rewrite_counts  # noqa: E402
 from unity_cli.search.optimize import DEFAULT_CANDIDATES, optimize  # noqa: E402
 from unity_cli.substitutions.cache import load_cache  # noqa: E402
 
@@ -64,6 +65,7 @@ class Row:
     search_s: float
     candidates: int
     error: str = ""
+    rewrites: str = "—"              # the chosen plan's algebraic rewrites, by rule
 
     @property
     def chosen_time(self) -> float:
@@ -106,7 +108,8 @@ def run_point(path: Path, model: str, n: int, batch: int, cluster, config: CostC
     times = {k: c.report.step_time for k, c in res.candidates.items()}
     feasible = {k: c.report.feasible for k, c in res.candidates.items()}
     return Row(model, n, batch, times, feasible, res.chosen.baseline.name, seconds,
-               res.stats.candidates if res.stats else 0)
+               res.stats.candidates if res.stats else 0,
+               rewrites=rewrite_counts([a.rule_name for a in res.rewrites]))
 
 
 def _ms(row: Row, s: str) -> str:
@@ -122,16 +125,16 @@ def _x(v: float, why: str = "—") -> str:
 def markdown(rows: list[Row], header: str) -> str:
     lines = [header, "",
              "| model | GPUs | batch | " + " | ".join(f"{SHORT[s]} (ms)" for s in STRATEGIES) +
-             " | chosen | chosen over DP | unity over best other | search s | candidates |",
-             "|---|---:|---:|" + "---:|" * len(STRATEGIES) + "---|---:|---:|---:|---:|"]
+             " | chosen | chosen over DP | unity over best other | search s | candidates | rewrites applied |",
+             "|---|---:|---:|" + "---:|" * len(STRATEGIES) + "---|---:|---:|---:|---:|---|"]
     for r in rows:
         if r.error:
             lines.append(f"| {r.model} | {r.devices} | {r.batch} | " + " | ".join("—" for _ in STRATEGIES) +
-                         f" | none fits | — | — | {r.search_s:.1f} | — |")
+                         f" | none fits | — | — | {r.search_s:.1f} | — | — |")
             continue
         lines.append(f"| {r.model} | {r.devices} | {r.batch} | " + " | ".join(_ms(r, s) for s in STRATEGIES) +
                      f" | {SHORT[r.chosen]} | {_x(r.over_dp, 'DP OOM')} | {_x(r.unity_over_best_other)} "
-                     f"| {r.search_s:.1f} | {r.candidates} |")
+                     f"| {r.search_s:.1f} | {r.candidates} | {r.rewrites} |")
     return "\n".join(lines) + "\n"
 
 

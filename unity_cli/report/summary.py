@@ -1,7 +1,8 @@
 """The short human summary ``unity optimize`` prints."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ..cluster.spec import ClusterSpec
@@ -80,6 +81,17 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     if plan_path:
         lines.append(f"wrote    {plan_path}")
     return "\n".join(lines)
+
+
+def rewrite_counts(names: Sequence[str], width: int = 48) -> str:
+    """The rewrites a plan applied, by rule, most used first (``"—"`` for none): a table cell."""
+    if not names:
+        return "—"
+    counts = Counter(names)
+    def short(n: str) -> str:
+        return n if len(n) <= width else n[:width - 1] + "…"
+    return "; ".join(f"{short(n)}{f' x{c}' if c > 1 else ''}" for n, c in sorted(counts.items(),
+                                                                               key=lambda kv: (-kv[1], kv[0])))
 
 
 def bought_text(b: Mapping[str, float]) -> str:
