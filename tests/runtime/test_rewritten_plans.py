@@ -69,6 +69,9 @@ def test_the_searched_bias_split_trains_like_the_model(tmp_path, cluster_dir):
     doc = json.loads(plan.read_text())
     assert [w["name"] for w in doc["rewrites"]] == ["gemm-trans-b-bias-as-add"] and doc["rewrites"][0]["bought"]
     assert "gemm-trans-b-bias-as-add" in r.output and "communication -" in r.output   # the summary says why
+    html = tmp_path / "plan.html"
+    assert CliRunner().invoke(cli, ["report", str(plan), "--out", str(html)]).exit_code == 0
+    assert "changed step time -" in html.read_text()                                  # and so does the report
     run = run_json(plan, "--check", "--steps", "2", ranks=4)
     assert run["check"]["passed"], run["check"]
     assert run["comm_bytes"]["measured"] == run["comm_bytes"]["predicted"]

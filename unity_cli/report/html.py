@@ -27,7 +27,7 @@ from ..search.baselines import Strategy
 from .diagram import CATEGORIES, GLYPHS, Diagram, build_diagram, render_group, render_overview
 from .markup import esc, ms, num
 from .operators import operator_rows
-from .summary import describe_cluster, fmt_bytes
+from .summary import bought_text, describe_cluster, fmt_bytes
 from .timeline import KINDS, capacities, render_memory, render_timeline
 
 _NUMBER = (int, float)
@@ -170,8 +170,9 @@ def _diagram_section(plan: Plan, d: Diagram) -> str:
             where = f"at <code>{esc(r.get('at', '?'))}</code>" + ("" if found else
                                                                " (replaced by it: marked on the new operators)")
             arrow = " (right to left)" if r.get("reverse") else ""
+            bought = f"<br><span class=\"note\">{esc(bought_text(r['bought']))}</span>" if r.get("bought") else ""
             items.append(f"<li>{esc(r.get('name', '?'))}{arrow} {where} <span class=\"note\">rule "
-                         f"{esc(r.get('rule', '?'))}</span></li>")
+                         f"{esc(r.get('rule', '?'))}</span>{bought}</li>")
         out.append('<ol class="rewrites">' + "".join(items) + "</ol>")
     out.append('<div id="view-overview" class="diagram-view">' + _toolbar("overview") +
                f'<div class="frame">{render_overview(d)}</div></div>')
