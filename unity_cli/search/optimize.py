@@ -135,6 +135,7 @@ class _Evaluator:
     deadline: float | None
     cache: dict = field(default_factory=dict)
     solved: dict = field(default_factory=dict)   # the inner solver's graph, by the graph it solved
+    one_device: dict = field(default_factory=dict)   # the one-device algebraic search, by graph and work
     tables: Tables | None = None                 # the inner solver's cost tables, shared by the run
 
     @property
@@ -259,13 +260,17 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     solved = any(name == "solver" for name, _, _ in starts)
     stats = SearchStats()
     if solved:
-        # Algebraic rewrites of the plain graph, each parallelized by the inner solver.
+        # Algebraic rewrites of the plain graph, each parallelized by the inner solver, from
+        # the plain graph and from its rewriting for one device (algebraic_then_parallel's
+        # first stage, shared with it): the joint search is never behind TASO-then-FlexFlow.
+        one, one_stats = _one_device(pcg, cluster, config, rules, _part(budget, 0.25), alpha, progress,
+                                     max(1, cap // 4), ev)
         outer = SolvedSearch(cluster, config, [r for r in rules if not r.is_parallel], budget=_part(budget, 0.25),
                              alpha=alpha, progress=progress, max_candidates=solved_candidates(pcg, cap),
                              solve=ev.solve)
-        won = outer.run([("plain", pcg, ())])
+        won = outer.run([("plain", pcg, ()), ("rewritten for one device", one.pcg, one.path)])
         starts.append(("rewritten and solved", won.pcg, won.path))
-        stats = outer.stats
+        stats = one_stats + outer.stats
     else:
         seg, stats = search_segments(pcg, cluster, config, rules, _part(budget, 0.25), alpha, batch_size(pcg),
                                      max_candidates=max(1, cap // 2), progress=progress)
@@ -306,19 +311,31 @@ def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candida
 def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap, ev):
     """TASO then FlexFlow: rewrite for one device with algebraic rules, then parallelize the
     result with the inner solver (or, on a graph it cannot take, the parallelization rules)."""
-    one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel],
-                      budget=_part(budget, 0.5), alpha=alpha, progress=progress,
-                      max_candidates=scaled_candidates(pcg, max(1, cap // 2), POLISH_WORK))
-    rewritten = one.run([("plain", pcg, ())])
+    rewritten, one_stats = _one_device(pcg, cluster, config, rules, _part(budget, 0.5), alpha, progress,
+                                       max(1, cap // 2), ev)
     found = _solved(rewritten.pcg, cluster, config, ev, "solver")
     if found is not None:
-        stats = one.stats + SearchStats(candidates=1, converged=True)
+        stats = one_stats + SearchStats(candidates=1, converged=True)
         return replace(found, path=rewritten.path), stats
     base = {name: ev(fn(rewritten.pcg, cluster)) for name, fn in STRATEGIES.items()}
     two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=_part(budget, 0.5),
                       alpha=alpha, progress=progress, max_candidates=max(1, cap // 2))
     found = two.run(_starts(rewritten.pcg, base, ev))
-    return replace(found, path=rewritten.path + found.path), one.stats + two.stats
+    return replace(found, path=rewritten.path + found.path), one_stats + two.stats
+
+
+def _one_device(pcg, cluster, config, rules, budget, alpha, progress, cap, ev) -> tuple[Found, SearchStats]:
+    """The graph rewritten with the algebraic rules for one device (TASO), once per run, graph
+    and work (``best`` asks it for the joint search and for algebraic_then_parallel: with
+    the default work both ask the same; the second gets it at no cost)."""
+    key = (pcg.node_hashes, cap)
+    if key not in ev.one_device:
+        one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel], budget=budget,
+                          alpha=alpha, progress=progress, max_candidates=scaled_candidates(pcg, cap, POLISH_WORK))
+        ev.one_device[key] = (one.run([("plain", pcg, ())]), one.stats)
+        return ev.one_device[key]
+    found, _ = ev.one_device[key]
+    return found, SearchStats(converged=True)
 
 
 _FROM_BASELINES = (Strategy.UNITY, Strategy.PARALLEL_ONLY)   # searches started from this run's baselines
