@@ -75,8 +75,7 @@ def plan_of(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, stra
             views: tuple[MachineView, ...], report: CostReport, rewrites: tuple[dict, ...] = ()) -> Plan:
     """A plan for one priced graph (a benchmark's or a test's: a graph no search chose),
     with the prediction ``unity run`` compares against, its bytes per device included."""
-    predicted = report_summary(report, cluster.num_devices)
-    predicted["memory_bytes"] = list(report.memory)
-    predicted["comm_bytes"] = list(report.comm_bytes)
+    summary = report_summary(report, cluster.num_devices)
+    predicted = {**summary, "memory_bytes": list(report.memory), "comm_bytes": list(report.comm_bytes)}
     return Plan(model_info(model), cluster, config_json(config), strategy, pcg, views, predicted,
-                {strategy: report_summary(report, cluster.num_devices)}, rewrites=rewrites)
+                {strategy: summary}, rewrites=rewrites)

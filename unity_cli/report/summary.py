@@ -85,13 +85,9 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
 
 def rewrite_counts(names: Sequence[str], width: int = 48) -> str:
     """The rewrites a plan applied, by rule, most used first (``"—"`` for none): a table cell."""
-    if not names:
-        return "—"
-    counts = Counter(names)
-    def short(n: str) -> str:
-        return n if len(n) <= width else n[:width - 1] + "…"
-    return "; ".join(f"{short(n)}{f' x{c}' if c > 1 else ''}" for n, c in sorted(counts.items(),
-                                                                               key=lambda kv: (-kv[1], kv[0])))
+    cells = [(n if len(n) <= width else n[:width - 1] + "…") + (f" x{c}" if c > 1 else "")
+             for n, c in Counter(names).most_common()]
+    return "; ".join(cells) or "—"
 
 
 def bought_text(b: Mapping[str, float]) -> str:

@@ -6,7 +6,7 @@ dim of both leaves partial sums (``MatMul(x, W)`` with ``K`` split ``d`` ways ha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...errors import ShapeError
 from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
@@ -147,6 +147,5 @@ class Gemm(OpSpec):
         _, k, _ = self._mkn(attrs, inputs)
         cost = product_cost(inputs[0], inputs[1], outputs[0], k)
         if len(inputs) == 3:
-            bias = streaming_cost([outputs[0], inputs[2]], outputs)
-            cost = cost + OpCost(bias.fwd_flops, bias.fwd_bytes, bias.bwd_flops, bias.bwd_bytes, 0)
+            cost = cost + replace(streaming_cost([outputs[0], inputs[2]], outputs), kernels=0)
         return cost
