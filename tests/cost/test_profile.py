@@ -20,7 +20,7 @@ from unity_cli.cluster import load_cluster
 from unity_cli.cluster.collectives import Collective
 from unity_cli.cost.comm import collective_time, groups_time, link_for
 from unity_cli.cost.model import CostConfig, CostContext, estimate, node_cost
-from unity_cli.cost.profile import Profile, default_profile_path, load_profile
+from unity_cli.cost.profile import Calibration, Profile, default_profile_path, load_profile
 from unity_cli.errors import ProfileError
 from unity_cli.ir import DType
 from unity_cli.ir.pieces import piece_attrs
@@ -221,6 +221,8 @@ def test_measured_ops_replace_the_roofline(profiled, mlp, cluster, tmp_path):
     kinds = set()
     half = prof.to_json()["compute"]["cpu-core"]["dispatch_s"] / 2
     assert 0 < half < 1e-3
+    fit_f = Calibration.fit([(e["roof_fwd_s"], e["fwd_s"]) for e in table.values()])
+    fit_b = Calibration.fit([(e["roof_bwd_s"], e["bwd_s"]) for e in table.values()])
     for i, piece in _compute_pieces(plan.pcg):
         got = node_cost(measured, i, plan.views)
         if piece.kind == "MatMul":
@@ -231,7 +233,10 @@ def test_measured_ops_replace_the_roofline(profiled, mlp, cluster, tmp_path):
             device = plan.cluster.device_type(plan.views[i].devices(plan.pcg.nodes[i].outputs[0])[0])
             fwd, bwd = prof.unmeasured(device, "float32", "Unary", base.compute_fwd, base.compute_bwd)
             assert (got.compute_fwd, got.compute_bwd) == (fwd + half, bwd + half)
-            assert fwd > base.compute_fwd        # the roofline is optimistic on a CPU core
+            # the fit over every kind measured there, never below the roofline: whether the
+            # machine beats the roofline or not (a fast CI core may) is not the test's business
+            assert (fwd, bwd) == (fit_f(base.compute_fwd), fit_b(base.compute_bwd))
+            assert fwd >= base.compute_fwd and bwd >= base.compute_bwd
         kinds.add(piece.kind)
     assert kinds == {"MatMul", "Unary"}
     plain = estimate(plan.pcg, plan.views, plan.cluster, CostConfig())  # the cache keys on the profile
