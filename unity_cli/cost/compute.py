@@ -26,7 +26,8 @@ def roofline(cost: OpCost, device: DeviceType, dtype: DType) -> PieceTime:
     bw = device.memory_bandwidth
     launch = device.launch_overhead * cost.kernels
     fwd = max(cost.fwd_flops / peak, cost.fwd_bytes / bw) + launch if cost.kernels else 0.0
-    bwd = max(cost.bwd_flops / peak, cost.bwd_bytes / bw) + 2 * launch if cost.kernels else 0.0
+    bwd = max(cost.bwd_flops / peak, cost.bwd_bytes / bw) + device.launch_overhead * cost.bwd_launches \
+        if cost.kernels else 0.0
     return PieceTime(fwd, bwd)
 
 

@@ -28,7 +28,7 @@ from ..ir.dtypes import DType
 from ..ir.machine_view import MachineView
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
-from ..ir.opspec import spec_of
+from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
@@ -188,8 +188,9 @@ def _price(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence
         return NodeCost(i, 0, 0, f, b, 0, loss), moves
     devices = views[i].devices(n.outputs[0])
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
-    fwd, bwd = _compute_time(n.op, tuple(pcg.shape(r) for r in n.inputs), n.outputs, device, config.dtype,
-                             config.profile)
+    inputs = tuple(pcg.shape(r) for r in n.inputs)
+    mask = backward_mask(n.spec, inputs, [r in ctx.structure.grads for r in n.inputs])
+    fwd, bwd = _compute_time(n.op, inputs, n.outputs, device, config.dtype, config.profile, mask)
     return NodeCost(i, fwd, bwd, f, b, 0, loss), moves
 
 
@@ -204,22 +205,35 @@ def _sizes_apart(a: float, b: float) -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
-                  profile: Profile | None = None) -> tuple[float, float]:
+                  profile: Profile | None = None, mask: tuple[bool, ...] | None = None) -> tuple[float, float]:
     """Forward and backward time of one piece: measured if the profile has it for this
-    device type and dtype, else the roofline (cached: candidates share most of their nodes)."""
+    device type and dtype, else the roofline (cached: candidates share most of their nodes).
+    ``mask`` (:func:`~unity_cli.ir.opspec.backward_mask`) says which input gradients its
+    backward makes: none, and backward costs nothing (the runtime skips it); some, and a
+    selective kernel's backward is priced for those (measured so if the profile has that
+    piece, else its full measurement scaled as the roofline scales)."""
     ins = piece_shapes(inputs, dtype)
     outs = piece_shapes(outputs, dtype)
-    hit = profile.op_time(device, dtype.value, piece_key(piece_op(op, outputs[0]), ins, outs)) if profile else None
+    spec = spec_of(op)
+    runs_backward = mask is None or any(mask)
+    full = roofline(spec.cost(op, ins, outs), device, dtype)
+    part = roofline(spec.cost_of_grads(op, ins, outs, mask), device, dtype) if mask is not None else full
+    hit = None
+    if profile:
+        key = piece_op(op, outputs[0])
+        hit = profile.op_time(device, dtype.value, piece_key(key, ins, outs, mask)) if mask is not None else None
+        if hit is None:
+            whole = profile.op_time(device, dtype.value, piece_key(key, ins, outs))
+            scale = part.bwd / full.bwd if full.bwd > 0 else 1.0
+            hit = None if whole is None else replace(whole, bwd=whole.bwd * scale)
     if hit is not None:
         fwd, bwd = hit.fwd, hit.bwd
     else:
-        spec = spec_of(op)
-        t = roofline(spec.cost(op, ins, outs), device, dtype)
         # unmeasured: the roofline as the profile's measurements of this kind correct it
-        fit = profile.unmeasured(device, dtype.value, spec.kind, t.fwd, t.bwd) if profile else None
-        fwd, bwd = fit if fit is not None else (t.fwd, t.bwd)
+        fit = profile.unmeasured(device, dtype.value, spec.kind, part.fwd, part.bwd) if profile else None
+        fwd, bwd = fit if fit is not None else (part.fwd, part.bwd)
     half = profile.dispatch(device) / 2 if profile else 0.0  # the runtime's own work per task
-    return fwd + half, bwd + half
+    return fwd + half, (bwd + half if runs_backward else 0.0)
 
 
 def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,

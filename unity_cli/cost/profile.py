@@ -85,11 +85,15 @@ _TOP_KEYS = ("comm", "compute", "format", "machine", "settings")
 _FLOAT_DTYPES = tuple(d.value for d in DType if d.is_float)
 
 
-def piece_key(op: Any, inputs: Sequence[TensorShape], outputs: Sequence[TensorShape]) -> str:
+def piece_key(op: Any, inputs: Sequence[TensorShape], outputs: Sequence[TensorShape],
+              mask: Sequence[bool] | None = None) -> str:
     """The DB key of one operator piece: ``<canonical attrs>|<input pieces>-><output pieces>``,
     e.g. ``{"kind":"Relu"...}|float32[4,32]->float32[4,32]``. ``op`` is the attrs the piece
-    runs with (:func:`unity_cli.ir.pieces.piece_op`), shapes are piece shapes."""
-    return f"{attrs_key(op)}|{';'.join(map(str, inputs))}->{';'.join(map(str, outputs))}"
+    runs with (:func:`unity_cli.ir.pieces.piece_op`), shapes are piece shapes. A piece whose
+    backward makes only some input gradients (``mask``, :func:`unity_cli.ir.opspec.backward_mask`)
+    ends in ``|grads=01`` (here: not the first input's)."""
+    key = f"{attrs_key(op)}|{';'.join(map(str, inputs))}->{';'.join(map(str, outputs))}"
+    return key if mask is None else key + "|grads=" + "".join("1" if m else "0" for m in mask)
 
 
 def default_profile_dir() -> Path:

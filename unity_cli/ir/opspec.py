@@ -112,11 +112,22 @@ class OpCost:
     bwd_flops: float
     bwd_bytes: float
     kernels: int = 1
+    bwd_kernels: int | None = None    # kernel calls backward makes (None: two per forward one)
+
+    def __post_init__(self) -> None:
+        if self.bwd_kernels == 2 * self.kernels:   # one spelling of each cost, so costs compare equal
+            object.__setattr__(self, "bwd_kernels", None)
+
+    @property
+    def bwd_launches(self) -> int:
+        return 2 * self.kernels if self.bwd_kernels is None else self.bwd_kernels
 
     def __add__(self, other: OpCost) -> OpCost:
+        both = None if self.bwd_kernels is None and other.bwd_kernels is None else \
+            self.bwd_launches + other.bwd_launches
         return OpCost(self.fwd_flops + other.fwd_flops, self.fwd_bytes + other.fwd_bytes,
                       self.bwd_flops + other.bwd_flops, self.bwd_bytes + other.bwd_bytes,
-                      self.kernels + other.kernels)
+                      self.kernels + other.kernels, both)
 
 
 ZERO_COST = OpCost(0.0, 0.0, 0.0, 0.0, 0)
@@ -173,12 +184,36 @@ class OpSpec:
         flops = float(sum(s.numel for s in outputs))
         return OpCost(flops, moved, 2 * flops, 2 * moved)
 
+    selective_backward: ClassVar[bool] = False
+    """Whether the kernel's backward makes only the input gradients it is asked for (a
+    product skips ``dX`` of a graph input: a whole GEMM); the cost then prices only those
+    (:meth:`cost_of_grads`), and a profile keys the piece by which it makes."""
+
+    def cost_of_grads(self, attrs: Any, inputs: Sequence[TensorShape], outputs: Sequence[TensorShape],
+                      wanted: Sequence[bool]) -> OpCost:
+        """Work for one piece whose backward makes the gradients of the inputs ``wanted``
+        marks. Default: all of them, as a kernel that is not selective does anyway."""
+        return self.cost(attrs, inputs, outputs)
+
     def infer_parallel(self, attrs: Any, inputs: Sequence[ParallelTensorShape]) -> tuple[ParallelTensorShape, ...]:
         return infer_parallel(self, attrs, inputs)
 
     def commutative(self, attrs: Any) -> bool:
         """Whether the op's value is the same for any order of its inputs."""
         return False
+
+
+def backward_mask(spec: OpSpec, inputs: Sequence[TensorShape], wanted: Sequence[bool]) -> tuple[bool, ...] | None:
+    """What one piece's backward makes, as the cost model and a profile see it, from which
+    inputs want a gradient: None for all of them (every float input wanted, or a kernel
+    that makes them all anyway), else per input whether its gradient is made. With none
+    wanted it is all False whatever the kernel: the runtime does not call backward."""
+    made = tuple(bool(w) and s.dtype.is_float for w, s in zip(wanted, inputs, strict=True))
+    if not any(made):
+        return made
+    if not spec.selective_backward or all(m for m, s in zip(made, inputs) if s.dtype.is_float):
+        return None
+    return made
 
 
 _REGISTRY: dict[OpKind, OpSpec] = {}

@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import PlanError
 from .machine_view import MachineView
 from .ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, ReplicateAttrs, reduces_copies
-from .ops.sources import WeightAttrs
+from .ops.sources import InputAttrs, WeightAttrs
 from .opspec import OpKind
 from .pcg import PCG, TensorRef
 from .pieces import Coord, coords, piece_region, task_inputs, with_axis
@@ -227,7 +227,7 @@ def needs_grad(pcg: PCG, out: TensorRef) -> frozenset[TensorRef]:
     upstream of the loss (which reads ``out``)."""
     requires: set[TensorRef] = set()
     for i, n in pcg:
-        is_param = isinstance(n.op, WeightAttrs) and n.op.trainable
+        is_param = isinstance(n.op, WeightAttrs) and n.op.trainable or isinstance(n.op, InputAttrs) and n.op.grad
         flows = is_param or any(r in requires for r in n.inputs)
         for k, s in enumerate(n.outputs):
             if flows and s.dtype.is_float:

@@ -64,8 +64,12 @@ def forward(op: Any, inputs: Sequence[Array], xp: Any) -> tuple[list[Array], Any
     return outs, ctx
 
 
-def backward(op: Any, ctx: Any, grad_outputs: Sequence[Array | None], xp: Any) -> list[Array | None]:
-    """Gradients w.r.t. each input of the forward call that made ``ctx``; None is zero."""
+def backward(op: Any, ctx: Any, grad_outputs: Sequence[Array | None], xp: Any,
+             wanted: Sequence[bool] | None = None) -> list[Array | None]:
+    """Gradients w.r.t. each input of the forward call that made ``ctx``; None is zero.
+    ``wanted`` (default: all) marks the inputs whose gradient the caller uses: the others
+    come back None, and a selective kernel does not compute them (a product's ``dX`` of a
+    graph input is a whole GEMM)."""
     k = _kernel(op)
     if not isinstance(ctx, _Context) or ctx.kind != k.kind:
         raise KernelError(f"{k.kind}: backward got a context that its forward did not make")
@@ -80,10 +84,15 @@ def backward(op: Any, ctx: Any, grad_outputs: Sequence[Array | None], xp: Any) -
     for g, (s, _) in zip(grads, ctx.outputs):
         if tuple(g.shape) != tuple(s):
             raise KernelError(f"{k.kind}: an output gradient of shape {tuple(g.shape)} for an output of {tuple(s)}")
-    result = k.backward(op, ctx.saved, grads, xp)
+    if wanted is not None and len(wanted) != n_in:
+        raise KernelError(f"{k.kind}: {len(wanted)} wanted flags for {n_in} inputs")
+    want = [True] * n_in if wanted is None else [bool(w) for w in wanted]
+    if not any(w and is_float(dt) for w, (_, dt) in zip(want, ctx.inputs)):
+        return [None] * n_in
+    result = k.backward(op, ctx.saved, grads, xp, want) if k.selective else k.backward(op, ctx.saved, grads, xp)
     out: list[Array | None] = []
-    for g, (s, dt) in zip(result, ctx.inputs):
-        if g is None or not is_float(dt):
+    for g, w, (s, dt) in zip(result, want, ctx.inputs):
+        if g is None or not w or not is_float(dt):
             out.append(None)
             continue
         if tuple(g.shape) != tuple(s):

@@ -81,20 +81,23 @@ def conv_forward(op, xs, xp):
     return [y], (x, w, out, len(xs) == 3)
 
 
-def conv_backward(op, ctx, gs, xp):
+def conv_backward(op, ctx, gs, xp, wanted):
     x, w, out, has_bias = ctx
     batch, c, m, g = x.shape[0], x.shape[1], w.shape[0], op.groups
     n = x.ndim - 2
     ck = c // g * math.prod(op.kernel)
     gy = gs[0].reshape(batch, g, m // g, math.prod(out))
-    cols = _cols(x, op, out, xp).reshape(batch, g, ck, math.prod(out))
-    gw = xp.matmul(gy, xp.swapaxes(cols, -1, -2)).sum(axis=0).reshape(w.shape)
-    del cols
-    gcols = xp.matmul(xp.swapaxes(w.reshape(g, m // g, ck), -1, -2), gy)
-    gcols = gcols.reshape((batch, c, -1) + out)
-    gx = _add_slices(lambda j: gcols[:, :, j], x.shape, op.pads[:n], op.pads[n:], _offsets(op, out), xp)
+    gw = gx = None
+    if wanted[1]:
+        cols = _cols(x, op, out, xp).reshape(batch, g, ck, math.prod(out))
+        gw = xp.matmul(gy, xp.swapaxes(cols, -1, -2)).sum(axis=0).reshape(w.shape)
+        del cols
+    if wanted[0]:    # an image's gradient: a whole product and its scatter, skipped when nobody reads it
+        gcols = xp.matmul(xp.swapaxes(w.reshape(g, m // g, ck), -1, -2), gy)
+        gcols = gcols.reshape((batch, c, -1) + out)
+        gx = _add_slices(lambda j: gcols[:, :, j], x.shape, op.pads[:n], op.pads[n:], _offsets(op, out), xp)
     result = [gx, gw]
-    if has_bias:
+    if has_bias and wanted[2]:
         result.append(gs[0].sum(axis=(0,) + tuple(range(2, gs[0].ndim))))
     return result
 
@@ -169,6 +172,6 @@ def global_pool_backward(op, ctx, gs, xp):
     return [g * first_extremum(x, y, axes, xp)]
 
 
-register(OpKind.Conv, conv_forward, conv_backward)
+register(OpKind.Conv, conv_forward, conv_backward, selective=True)
 register(OpKind.Pool, pool_forward, pool_backward)
 register(OpKind.GlobalPool, global_pool_forward, global_pool_backward)

@@ -20,12 +20,14 @@ def matmul_forward(op, xs, xp):
     return [xp.matmul(a, b)], (a, b)
 
 
-def matmul_backward(op, ctx, gs, xp):
+def matmul_backward(op, ctx, gs, xp, wanted):
     a, b = ctx
     g = gs[0]
+    want_a, want_b = wanted
     if _folds(a, b):
         g2 = g.reshape(-1, g.shape[-1])
-        return [xp.matmul(g2, b.T).reshape(a.shape), xp.matmul(a.reshape(-1, a.shape[-1]).T, g2)]
+        return [xp.matmul(g2, b.T).reshape(a.shape) if want_a else None,
+                xp.matmul(a.reshape(-1, a.shape[-1]).T, g2) if want_b else None]
     # Promote 1-D operands to matrices as matmul does, and g to the promoted output.
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
@@ -33,9 +35,9 @@ def matmul_backward(op, ctx, gs, xp):
         g = g[..., None]
     if a.ndim == 1:
         g = g[..., None, :]
-    ga = xp.matmul(g, xp.swapaxes(b2, -1, -2))
-    gb = xp.matmul(xp.swapaxes(a2, -1, -2), g)
-    return [unbroadcast(ga, a2.shape, xp).reshape(a.shape), unbroadcast(gb, b2.shape, xp).reshape(b.shape)]
+    ga = unbroadcast(xp.matmul(g, xp.swapaxes(b2, -1, -2)), a2.shape, xp).reshape(a.shape) if want_a else None
+    gb = unbroadcast(xp.matmul(xp.swapaxes(a2, -1, -2), g), b2.shape, xp).reshape(b.shape) if want_b else None
+    return [ga, gb]
 
 
 def gemm_forward(op, xs, xp):
@@ -52,20 +54,20 @@ def gemm_forward(op, xs, xp):
     return [y], (a2, b2, xs[2].shape if len(xs) == 3 else None)
 
 
-def gemm_backward(op, ctx, gs, xp):
+def gemm_backward(op, ctx, gs, xp, wanted):
     a2, b2, c_shape = ctx
     g = gs[0] * op.alpha if op.alpha != 1.0 else gs[0]
     # A transposed operand's gradient is computed in its own layout (C-contiguous), never
     # returned as a transposed view: adding a strided view into the weight's gradient cost
     # 25x a contiguous add (9 ms per 1024 x 1024).
-    ga = xp.matmul(b2, g.T) if op.trans_a else xp.matmul(g, b2.T)
-    gb = xp.matmul(g.T, a2) if op.trans_b else xp.matmul(a2.T, g)
+    ga = (xp.matmul(b2, g.T) if op.trans_a else xp.matmul(g, b2.T)) if wanted[0] else None
+    gb = (xp.matmul(g.T, a2) if op.trans_b else xp.matmul(a2.T, g)) if wanted[1] else None
     out = [ga, gb]
-    if c_shape is not None:
+    if c_shape is not None and wanted[2]:
         gc = gs[0] * op.beta if op.beta != 1.0 else gs[0]
         out.append(unbroadcast(gc, c_shape, xp))
     return out
 
 
-register(OpKind.MatMul, matmul_forward, matmul_backward)
-register(OpKind.Gemm, gemm_forward, gemm_backward)
+register(OpKind.MatMul, matmul_forward, matmul_backward, selective=True)
+register(OpKind.Gemm, gemm_forward, gemm_backward, selective=True)

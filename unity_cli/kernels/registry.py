@@ -33,16 +33,19 @@ class Kernel:
     kind: OpKind
     forward: Forward
     backward: Backward | None = None
+    selective: bool = False    # backward takes ``wanted`` and makes only those gradients
 
 
 KERNELS: dict[str, Kernel] = {}
 
 
-def register(kind: OpKind, forward: Forward, backward: Backward | None = None) -> None:
-    """Add a kernel to :data:`KERNELS`; a second kernel for one kind is an error."""
+def register(kind: OpKind, forward: Forward, backward: Backward | None = None, selective: bool = False) -> None:
+    """Add a kernel to :data:`KERNELS`; a second kernel for one kind is an error. A
+    ``selective`` backward is called as ``backward(op, ctx, grads, xp, wanted)`` and may
+    leave out (None) the gradients of inputs ``wanted`` does not mark."""
     if kind in KERNELS:
         raise RuntimeError(f"a kernel for {kind} is registered twice")
-    KERNELS[kind] = Kernel(kind, forward, backward)
+    KERNELS[kind] = Kernel(kind, forward, backward, selective)
 
 
 # ---------------------------------------------------------------------------

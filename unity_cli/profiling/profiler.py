@@ -44,9 +44,10 @@ from ..ir.dtypes import DType
 from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from ..ir.ops.gather_reduce import GatherAttrs, GatherNDAttrs
 from ..ir.ops.norm import BatchNormAttrs
-from ..ir.opspec import spec_of
-from ..ir.pcg import PCG
+from ..ir.opspec import backward_mask, spec_of
+from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import piece_op
+from ..ir.schedule import needs_grad
 from ..ir.shapes import TensorShape
 from ..kernels import backward, forward
 from ..onnx_import import ImportOptions, import_model
@@ -83,10 +84,15 @@ class Piece:
     kind: str
     inputs: tuple[TensorShape, ...]
     outputs: tuple[TensorShape, ...]
+    mask: tuple[bool, ...] | None = None    # the input gradients its backward makes (None: all)
 
     @property
     def key(self) -> str:
-        return piece_key(self.op, self.inputs, self.outputs)
+        return piece_key(self.op, self.inputs, self.outputs, self.mask)
+
+    @property
+    def runs_backward(self) -> bool:
+        return self.mask is None or any(self.mask)
 
     def __str__(self) -> str:
         return f"{self.kind}({', '.join(map(str, self.inputs))}) -> {', '.join(map(str, self.outputs))}"
@@ -147,18 +153,22 @@ class ProfileRun:
 
 def pieces_of(pcg: PCG, dtype: DType) -> Iterable[Piece]:
     """The compute pieces of a graph (parallel ops and sources have none), float tensors
-    in ``dtype`` as the cost model computes them."""
+    in ``dtype`` as the cost model computes them, each backward making the gradients
+    training needs (the loss reads the first output)."""
+    grads = needs_grad(pcg, pcg.outputs[0])
     for i, n in pcg:
         if not (n.spec.is_source or n.spec.is_parallel_op):
-            yield piece_of(pcg, i, dtype)
+            yield piece_of(pcg, i, dtype, grads)
 
 
-def piece_of(pcg: PCG, i: int, dtype: DType) -> Piece:
-    """The piece compute node ``i`` runs on each of its devices."""
+def piece_of(pcg: PCG, i: int, dtype: DType, grads: frozenset[TensorRef]) -> Piece:
+    """The piece compute node ``i`` runs on each of its devices; ``grads``: the tensors
+    whose gradient flows."""
     n = pcg.nodes[i]
     ins = tuple(as_compute_dtype(pcg.shape(r).piece, dtype) for r in n.inputs)
     outs = tuple(as_compute_dtype(s.piece, dtype) for s in n.outputs)
-    return Piece(piece_op(n.op, n.outputs[0]), n.kind, ins, outs)
+    mask = backward_mask(n.spec, tuple(pcg.shape(r) for r in n.inputs), [r in grads for r in n.inputs])
+    return Piece(piece_op(n.op, n.outputs[0]), n.kind, ins, outs, mask)
 
 
 def distinct_pieces(pcgs: Iterable[PCG], dtype: DType) -> list[Piece]:
@@ -343,16 +353,21 @@ def time_piece(piece: Piece, backend: Backend, policy: TimingPolicy, rng: np.ran
     xs = make_inputs(piece, xp, rng)
     grads = [xp.asarray(rng.standard_normal(s.dims).astype(s.dtype.numpy)) if s.dtype.is_float else None
              for s in piece.outputs]
+    def back(ctx) -> None:
+        if piece.runs_backward:   # else the runtime does not call it: it takes no time
+            backward(piece.op, ctx, grads, xp, piece.mask)
+
     for _ in range(policy.warmup):
         _, ctx = forward(piece.op, xs, xp)
-        backward(piece.op, ctx, grads, xp)
+        back(ctx)
     backend.sync()
     fwd: list[float] = []
     bwd: list[float] = []
     start = time.perf_counter()
     while True:
         (_, ctx), tf = backend.clock(lambda: forward(piece.op, xs, xp))
-        _, tb = backend.clock(lambda c=ctx: backward(piece.op, c, grads, xp))
+        _, tb = backend.clock(lambda c=ctx: back(c))
+        tb = tb if piece.runs_backward else 0.0
         fwd.append(tf)
         bwd.append(tb)
         now = time.perf_counter()
@@ -364,8 +379,10 @@ def time_piece(piece: Piece, backend: Backend, policy: TimingPolicy, rng: np.ran
 
 def roofline_entry(piece: Piece, device: DeviceType, dtype: DType) -> dict[str, float]:
     """The spec's roofline for a piece, recorded beside its measurement (``profile.py``)."""
-    t = roofline(spec_of(piece.op).cost(piece.op, list(piece.inputs), list(piece.outputs)), device, dtype)
-    return {"roof_fwd_s": t.fwd, "roof_bwd_s": t.bwd}
+    spec, ins, outs = spec_of(piece.op), list(piece.inputs), list(piece.outputs)
+    t = roofline(spec.cost(piece.op, ins, outs) if piece.mask is None else
+                 spec.cost_of_grads(piece.op, ins, outs, piece.mask), device, dtype)
+    return {"roof_fwd_s": t.fwd, "roof_bwd_s": t.bwd if piece.runs_backward else 0.0}
 
 
 def measure_compute(pieces: Sequence[Piece], backend: Backend, policy: TimingPolicy,
@@ -413,7 +430,7 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
         keys = {}
         for i, n in pcg:
             if not (n.spec.is_source or n.spec.is_parallel_op):
-                piece = piece_of(pcg, i, dtype)
+                piece = piece_of(pcg, i, dtype, job.executor.p.has_grad)
                 keys[i] = (piece.key, piece.kind)
                 if device is not None:
                     roofs[piece.key] = roofline_entry(piece, device, dtype)

@@ -67,6 +67,7 @@ class _Mine:
     covered: set[int] = field(default_factory=set)   # reads of my task a collective supplies
     gather: tuple[int, int, int] | None = None        # Gather of a split table: (offset, rows, table rows)
     attrs: Any = None
+    wanted: tuple[bool, ...] | None = None           # the inputs whose gradient backward makes
     free: list[TensorRef] = field(default_factory=list)
 
 
@@ -378,7 +379,7 @@ class Executor:
                 if all(g is None for g in gs):
                     read_grads = [None] * len(t.reads)
                 else:
-                    read_grads = list(kernels.backward(m.attrs, self.ctx.pop(i), gs, xp))
+                    read_grads = list(kernels.backward(m.attrs, self.ctx.pop(i), gs, xp, m.wanted))
             else:
                 g = gs[0]
                 match t.assemble:
@@ -497,6 +498,7 @@ def plan_step(p: Program, me: int, k: int, step: Step) -> _Mine:
             m.colls_back = [c for c in m.colls if step.tasks[c.covered[0][0]].reads[c.covered[0][1]].ref in p.has_grad]
     if step.kind is StepKind.COMPUTE:
         m.attrs = piece_attrs(node)
+        m.wanted = tuple(r in p.has_grad for r in node.inputs)
         if node.kind == OpKind.Gather and m.task is not None:
             m.gather = _gather_shift(p, step.node, m.task)
     m.remote = frozenset(ri for ri, *_ in m.recv)

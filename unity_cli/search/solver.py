@@ -65,7 +65,7 @@ from ..deadline import check
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
-from ..ir.opspec import SUM, input_layout
+from ..ir.opspec import SUM, backward_mask, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.schedule import needs_grad
 from ..ir.shapes import ParallelTensorShape
@@ -271,18 +271,22 @@ class Tables:
         self.nodes = price_table(cluster, config, "solver nodes", SHARED_LIMIT)
         self.edges = price_table(cluster, config, "solver edges", SHARED_LIMIT)
 
-    def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool) -> tuple:
+    def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool,
+             grads: frozenset[TensorRef]) -> tuple:
         """(options, cost per option, memory per option, weight sync per option) of compute
-        node ``i``."""
+        node ``i``; ``grads``: the tensors whose gradient flows (backward makes only those)."""
         n = pcg.nodes[i]
         kinds = tuple(_source_kind(pcg.nodes[r.node]) for r in n.inputs)
-        key = (n.op, tuple(pcg.shape(r) for r in n.inputs), kinds, mesh, returned)
+        inputs = tuple(pcg.shape(r) for r in n.inputs)
+        mask = backward_mask(n.spec, inputs, [r in grads for r in n.inputs])
+        key = (n.op, inputs, kinds, mesh, returned, mask)
         hit = self.nodes.get(key)
         if hit is None:
-            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds)
+            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask)
         return hit
 
-    def _node(self, pcg: PCG, n: Node, mesh: tuple[int, int], returned: bool, kinds: tuple) -> tuple:
+    def _node(self, pcg: PCG, n: Node, mesh: tuple[int, int], returned: bool, kinds: tuple,
+              mask: tuple[bool, ...] | None) -> tuple:
         config, pricer, device = self.config, self.pricer, self.device
         opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
         if not opts:
@@ -291,7 +295,7 @@ class Tables:
         states = 2 + config.optimizer.states
         costs, mems, syncs = [], [], []
         for o in opts:
-            fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile)
+            fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile, mask)
             t = fwd + bwd
             sync = 0.0
             mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
@@ -357,7 +361,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     keys = {}
     for i in nodes:
         check()
-        options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, mesh, i in returned)
+        options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, mesh, i in returned, grads)
         keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned)
     edges, edge_memory = [], []
     for v in nodes:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..ir.ops.sources import InputAttrs
 from ..ir.pcg import PCG, GraphBuilder, TensorRef
+from ..ir.schedule import needs_grad
 from ..ir.shapes import ParallelTensorShape, TensorShape
 from .reshard import reshard
 
@@ -114,10 +115,11 @@ def segment_graph(pcg: PCG, seg: Segment, layout_in: Layout | None) -> SegmentGr
     remap: dict[TensorRef, TensorRef] = {}
     sources: dict[str, str] = {}
     names: dict[str, str] = {}
+    grads = needs_grad(pcg, pcg.outputs[0]) if seg.inputs else frozenset()
     for k, r in enumerate(seg.inputs):
         shape = pcg.shape(r).logical
         target = layout_in(shape) if layout_in else ParallelTensorShape.unpartitioned(shape)
-        remap[r] = b.add(InputAttrs(shape), (), f"b{k}", outputs=[target])[0]
+        remap[r] = b.add(InputAttrs(shape, grad=r in grads), (), f"b{k}", outputs=[target])[0]
     for n in seg.nodes:
         node = pcg.nodes[n]
         for r in node.inputs:

@@ -14,6 +14,7 @@ from ...errors import ModelError, ShapeError
 from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import need_inputs, streaming_cost
+from .linear import product_grads
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +132,25 @@ class Conv(OpSpec):
     def terms(self, attrs, n):
         return ((0, 1), (2,)) if n == 3 else ((0, 1),)
 
+    selective_backward = True
+
     def cost(self, attrs, inputs, outputs):
+        return self.cost_of_grads(attrs, inputs, outputs, (True,) * len(inputs))
+
+    def cost_of_grads(self, attrs, inputs, outputs, wanted):
+        """A product of the unfolded input and the kernel (backward: ``dX`` and ``dW``
+        those ``wanted``, each a product as large), plus the bias: one pass over ``Y``
+        forward, its reduction backward."""
         x, w = inputs[0], inputs[1]
         y = outputs[0]
-        macs = y.numel * (w.dims[1] * math.prod(attrs.kernel))
-        flops = 2.0 * macs + (y.numel if len(inputs) == 3 else 0)
+        macs = 2.0 * y.numel * (w.dims[1] * math.prod(attrs.kernel))
+        bwd_flops, bwd_bytes, kernels, bwd_kernels = product_grads(macs, x, w, y, (bool(wanted[0]), bool(wanted[1])))
+        bias = len(inputs) == 3
+        if bias and wanted[2]:
+            bwd_flops, bwd_bytes = bwd_flops + 2.0 * y.numel, bwd_bytes + 2.0 * inputs[2].nbytes
         moved = float(sum(s.nbytes for s in inputs) + y.nbytes)
-        return OpCost(flops, moved, 2 * flops, 2 * moved + x.nbytes + w.nbytes, 1)
+        return OpCost(macs + (y.numel if bias else 0), moved, bwd_flops, bwd_bytes, kernels,
+                      bwd_kernels or int(bias and bool(wanted[2])))
 
 
 @register

@@ -40,13 +40,23 @@ def _matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...
     return batch, a2[-1], out
 
 
-def product_cost(a: TensorShape, b: TensorShape, out: TensorShape, k: int) -> OpCost:
+def product_cost(a: TensorShape, b: TensorShape, out: TensorShape, k: int,
+                 wanted: tuple[bool, bool] = (True, True)) -> OpCost:
     """A matrix product's work: ``2 K`` flops per output element; backward computes
-    ``dA = dY @ B^T`` and ``dB = A^T @ dY``, each as large as the forward, and accumulates
-    each gradient into its buffer (read and written once more)."""
+    ``dA = dY @ B^T`` and ``dB = A^T @ dY`` (those ``wanted``), each as large as the
+    forward, and accumulates each into its buffer (read and written once more)."""
     flops = 2.0 * out.numel * k
-    moved = float(a.nbytes + b.nbytes + out.nbytes)
-    return OpCost(flops, moved, 2 * flops, 2 * moved + a.nbytes + b.nbytes, 1)
+    return OpCost(flops, float(a.nbytes + b.nbytes + out.nbytes), *product_grads(flops, a, b, out, wanted))
+
+
+def product_grads(flops: float, a: TensorShape, b: TensorShape, out: TensorShape,
+                  wanted: tuple[bool, bool]) -> tuple[float, float, int, int]:
+    """Backward of a product of ``flops`` (``a`` times ``b`` makes ``out``): per wanted
+    gradient one GEMM as large as the forward, reading ``dY`` and the other operand, and
+    the gradient written and accumulated. (fwd kernels, bwd flops, bwd bytes, bwd kernels)."""
+    wa, wb = wanted
+    moved = wa * (out.nbytes + b.nbytes + 2 * a.nbytes) + wb * (out.nbytes + a.nbytes + 2 * b.nbytes)
+    return flops * (wa + wb), float(moved), 1, wa + wb
 
 
 @register
@@ -89,10 +99,15 @@ class MatMul(OpSpec):
     def terms(self, attrs, n):
         return ((0, 1),)
 
+    selective_backward = True
+
     def cost(self, attrs, inputs, outputs):
+        return self.cost_of_grads(attrs, inputs, outputs, (True, True))
+
+    def cost_of_grads(self, attrs, inputs, outputs, wanted):
         a, b = inputs
         _, k, _ = _matmul_dims(a.dims, b.dims)
-        return product_cost(a, b, outputs[0], k)
+        return product_cost(a, b, outputs[0], k, (bool(wanted[0]), bool(wanted[1])))
 
 
 @register
@@ -140,12 +155,20 @@ class Gemm(OpSpec):
     def terms(self, attrs, n):
         return ((0, 1), (2,)) if n == 3 else ((0, 1),)
 
+    selective_backward = True
+
     def cost(self, attrs, inputs, outputs):
+        return self.cost_of_grads(attrs, inputs, outputs, (True,) * len(inputs))
+
+    def cost_of_grads(self, attrs, inputs, outputs, wanted):
         """The product priced as MatMul prices it, and ``+ C`` as the Add it is (one more
         pass over Y, in the same kernel call): a Gemm and its MatMul + Add differ by a
         launch, which is all the runtime saves by fusing them."""
         _, k, _ = self._mkn(attrs, inputs)
-        cost = product_cost(inputs[0], inputs[1], outputs[0], k)
+        cost = product_cost(inputs[0], inputs[1], outputs[0], k, (bool(wanted[0]), bool(wanted[1])))
         if len(inputs) == 3:
-            cost = cost + replace(streaming_cost([outputs[0], inputs[2]], outputs), kernels=0)
+            bias = streaming_cost([outputs[0], inputs[2]], outputs)
+            if not wanted[2]:
+                bias = replace(bias, bwd_flops=0.0, bwd_bytes=0.0)
+            cost = cost + replace(bias, kernels=0, bwd_kernels=0)
         return cost

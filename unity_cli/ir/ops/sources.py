@@ -13,6 +13,9 @@ class InputAttrs:
     """A graph input (data fed each step); the node's name is the ONNX input name."""
 
     shape: TensorShape
+    grad: bool = field(default=False, metadata={OMIT_DEFAULT: True})
+    """Whether its gradient flows back: a stand-in for a tensor computed elsewhere (a
+    segment's boundary, ``search/split.py``), priced as the whole graph trains it."""
 
 
 @dataclass(frozen=True, slots=True)
