@@ -21,6 +21,8 @@ CASES = [  # model, family instance, ranks
     (linears, "concat-gemm-2", 3),
     (linears, "gemm-trans-b-as-matmul-add", 2),
     (bags, "concat-linear-3", 2),
+    (torch_mlp, "gemm-trans-b-relu-fused", 2),
+    (torch_mlp, "gemm-trans-b-relu-fused", 3),
 ]
 
 
@@ -67,7 +69,9 @@ def test_the_searched_bias_split_trains_like_the_model(tmp_path, cluster_dir):
                                  "--batch-size", "64", "--out", str(plan)])
     assert r.exit_code == 0, r.output
     doc = json.loads(plan.read_text())
-    assert [w["name"] for w in doc["rewrites"]] == ["gemm-trans-b-bias-as-add"] and doc["rewrites"][0]["bought"]
+    # the bias set apart, and the first layer's ReLU fused into its Gemm (one launch fewer)
+    assert sorted(w["name"] for w in doc["rewrites"]) == ["gemm-trans-b-bias-as-add", "gemm-trans-b-relu-fused"]
+    assert all(w["bought"] for w in doc["rewrites"])
     assert "gemm-trans-b-bias-as-add" in r.output and "communication -" in r.output   # the summary says why
     html = tmp_path / "plan.html"
     assert CliRunner().invoke(cli, ["report", str(plan), "--out", str(html)]).exit_code == 0

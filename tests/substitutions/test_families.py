@@ -23,7 +23,7 @@ from unity_cli.substitutions.families import (
     sibling_matmuls,
 )
 from unity_cli.substitutions.match import apply_match, find_matches
-from unity_cli.substitutions.parallel_rules import add, concat, make_rule, matmul, split, transpose
+from unity_cli.substitutions.parallel_rules import add, concat, make_rule, matmul, relu, split, transpose, unary
 from unity_cli.substitutions.rule import Constraint, load_rules
 from unity_cli.substitutions.semantics import evaluate
 from unity_cli.substitutions.verify import verify_rule
@@ -79,6 +79,15 @@ def _wrong_variants():
         "x", ("x", "Wt", "b"), gemm("x", "Wt", "b", trans_b=True), add(matmul("x", "Wt"), "b"), params=())
     yield "gemm, the bias dropped", make_rule(
         "x", ("x", "Wt", "b"), gemm("x", "Wt", "b", trans_b=True), matmul("x", transpose("Wt")), params=())
+    yield "fused gemm, another activation", make_rule(
+        "x", ("x", "Wt", "b"), unary("Relu", gemm("x", "Wt", "b", trans_b=True)),
+        gemm("x", "Wt", "b", trans_b=True, activation="Sigmoid"), params=())
+    yield "fused gemm, the activation before the bias", make_rule(
+        "x", ("x", "W", "b"), add(relu(matmul("x", "W")), "b"), gemm("x", "W", "b", trans_b=False, activation="Relu"),
+        params=(), constraints=[Constraint("EQUAL", ("rank", "b"), 1)])
+    yield "fused gemm, the activation dropped", make_rule(
+        "x", ("x", "W", "b"), unary("Tanh", add(matmul("x", "W"), "b")), gemm("x", "W", "b", trans_b=False),
+        params=(), constraints=[Constraint("EQUAL", ("rank", "b"), 1)])
 
 
 WRONG = list(_wrong_variants())
@@ -153,6 +162,25 @@ def test_pytorch_linears_take_the_gemm_rules(tmp_path):
     _rewrites_preserve_values(pcg, rule, gemms)
     # its top MLP's input is a concatenation of unequal parts: no Concat-Linear rule applies
     assert not any(find_matches(pcg, concat_gemm(n)) for n in range(2, MAX_ARITY + 1))
+
+
+def test_an_mlp_fuses_its_activations(tmp_path):
+    """DLRM's torch export: each nn.Linear + ReLU becomes one fused Gemm, values kept; a
+    Gemm not followed by an activation is left alone, and a fused Gemm is never matched by
+    a rule written for a plain one (its proof covered none)."""
+    pcg = import_model(EXPORTED_DIR / "dlrm_tiny.onnx", ImportOptions(batch_size=4)).pcg
+    relus = sum(1 for _, n in pcg if n.kind == OpKind.Unary and n.op.fn == "Relu"
+                and pcg.nodes[n.inputs[0].node].kind == OpKind.Gemm)
+    assert relus >= 2
+    rule = next(r for r in FAMILY_RULES if r.name == "gemm-trans-b-relu-fused")
+    _rewrites_preserve_values(pcg, rule, relus)
+    fused = pcg
+    while m := find_matches(fused, rule, limit=1):
+        fused = apply_match(fused, m[0])
+    assert sum(1 for _, n in fused if n.kind == OpKind.Gemm and n.op.activation == "Relu") == relus
+    plain = next(r for r in FAMILY_RULES if r.name == "gemm-trans-b-as-matmul-add")
+    gemms = sum(1 for _, n in fused if n.kind == OpKind.Gemm and not n.op.activation)
+    assert len(find_matches(fused, plain)) == gemms
 
 
 def test_sibling_gemms_and_concat_gemm_on_a_pytorch_style_graph(tmp_path):

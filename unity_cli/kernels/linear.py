@@ -1,6 +1,7 @@
 """MatMul (numpy semantics: batched, broadcasting, 1-D operands) and Gemm."""
 from __future__ import annotations
 
+from ..ir.ops.unary import UNARY
 from ..ir.opspec import OpKind
 from .registry import register, unbroadcast
 
@@ -41,7 +42,8 @@ def matmul_backward(op, ctx, gs, xp, wanted):
 
 
 def gemm_forward(op, xs, xp):
-    """``Y = alpha * A' @ B' + beta * C`` with ``A'``, ``B'`` transposed as the flags say."""
+    """``Y = f(alpha * A' @ B' + beta * C)`` with ``A'``, ``B'`` transposed as the flags
+    say and ``f`` the fused activation (none by default)."""
     a, b = xs[0], xs[1]
     a2 = a.T if op.trans_a else a
     b2 = b.T if op.trans_b else b
@@ -51,11 +53,16 @@ def gemm_forward(op, xs, xp):
     if len(xs) == 3:
         c = xs[2]
         y = y + (c if op.beta == 1.0 else c * op.beta)
-    return [y], (a2, b2, xs[2].shape if len(xs) == 3 else None)
+    z = None
+    if op.activation:
+        z, y = y, UNARY[op.activation].forward(y, xp)
+    return [y], (a2, b2, xs[2].shape if len(xs) == 3 else None, z, y)
 
 
 def gemm_backward(op, ctx, gs, xp, wanted):
-    a2, b2, c_shape = ctx
+    a2, b2, c_shape, z, y = ctx
+    if op.activation:   # through the activation first, as its own kernel would
+        gs = [UNARY[op.activation].backward(z, y, gs[0], xp)]
     g = gs[0] * op.alpha if op.alpha != 1.0 else gs[0]
     # A transposed operand's gradient is computed in its own layout (C-contiguous), never
     # returned as a transposed view: adding a strided view into the weight's gradient cost

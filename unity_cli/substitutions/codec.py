@@ -8,6 +8,7 @@ replicas by ``dim = "copy"``; parallel degrees may be parameters. ``to_pattern``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from ..errors import ShapeError
 from ..ir.ops.parallel import REPLICA_DIM
 from ..ir.ops.sources import InputAttrs
-from ..ir.opspec import OpKind, _typed, spec_by_kind, spec_of
+from ..ir.opspec import OMIT_DEFAULT, OpKind, _typed, spec_by_kind, spec_of
 from ..ir.pcg import PCG, GraphBuilder, TensorRef
 from ..ir.shapes import ParallelTensorShape
 from .rule import AttrValue, Param, Pattern, PatternNode
@@ -36,6 +37,8 @@ def to_pattern(kind: str, attrs: Any, rank: int, params: Mapping[int, Param] | N
     out: dict[str, AttrValue] = {}
     for f in dataclasses.fields(attrs):
         v = getattr(attrs, f.name)
+        if f.metadata.get(OMIT_DEFAULT) and v == f.default:
+            continue    # a field added later: rules written before it keep their bytes
         if f.name in AXIS_FIELDS.get(kind, ()):
             v = "copy" if kind == OpKind.Combine and v == REPLICA_DIM else v - rank
         elif kind == OpKind.Transpose and f.name == "perm":
@@ -79,6 +82,9 @@ def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], bindi
             kwargs["sizes"] = (size // parts,) * parts
             continue
         if f.name not in pat:
+            if f.metadata.get(OMIT_DEFAULT):
+                kwargs[f.name] = f.default
+                continue
             raise ShapeError(f"{node.kind}: pattern has no attribute {f.name!r}")
         v = _value(pat[f.name], binding)
         if f.name in AXIS_FIELDS.get(node.kind, ()):
@@ -119,12 +125,22 @@ def _value(v: AttrValue, binding: Mapping[str, int]) -> Any:
     return v
 
 
+@functools.cache
+def _omitted_fields(kind: str) -> frozenset[str]:
+    """The fields of ``kind``'s attrs that patterns leave out at their default."""
+    return frozenset(f.name for f in dataclasses.fields(spec_by_kind(kind).attrs_type) if f.metadata.get(OMIT_DEFAULT))
+
+
 def matches_attrs(node: PatternNode, attrs: Any, rank: int, binding: dict[str, int]) -> str | None:
     """None if a concrete op's attributes fit the pattern node (binding parameters as it
     goes), else the reason they do not."""
     if spec_of(attrs).kind != node.kind:
         return f"op is {spec_of(attrs).kind}, pattern wants {node.kind}"
     have = dict(to_pattern(node.kind, attrs, rank))
+    named = {k for k, _ in node.attrs}
+    for k in have.keys() - named:   # set away from its default where the pattern (and its proof) left it there
+        if k in _omitted_fields(node.kind):
+            return f"{k}={have[k]!r}, pattern wants its default"
     for k, want in node.attrs:
         got = have.get(k)
         if isinstance(want, Param):

@@ -14,8 +14,9 @@ number of equal parts); a constraint says so, so a graph with unequal parts does
 """
 from __future__ import annotations
 
+from ..ir.ops.linear import FUSED_ACTIVATIONS
 from ..ir.opspec import OpKind
-from .parallel_rules import Arg, Expr, add, concat, make_rule, matmul, op, split, transpose
+from .parallel_rules import Arg, Expr, add, concat, make_rule, matmul, op, split, transpose, unary
 from .rule import Constraint, Rule
 
 MAX_ARITY = 8
@@ -24,8 +25,9 @@ MAX_SIBLINGS = 4
 """Most projections of one input that a sibling-fusion rule fuses."""
 
 
-def gemm(a: Arg, w: Arg, *bias: Arg, trans_b: bool) -> Expr:
-    return op(OpKind.Gemm, a, w, *bias, trans_a=False, trans_b=trans_b, alpha=1.0, beta=1.0)
+def gemm(a: Arg, w: Arg, *bias: Arg, trans_b: bool, activation: str = "") -> Expr:
+    fused = {"activation": activation} if activation else {}
+    return op(OpKind.Gemm, a, w, *bias, trans_a=False, trans_b=trans_b, alpha=1.0, beta=1.0, **fused)
 
 
 def _weight(w: Arg, trans_b: bool) -> Arg:
@@ -63,6 +65,31 @@ def gemm_rules() -> list[Rule]:
                       matmul("x", _weight(w, trans_b)), params=(),
                       doc=f"Gemm(x, {w}) = MatMul(x, {'Transpose(Wt)' if trans_b else 'W'})"),
         ]
+    return out
+
+
+def fused_activation_rules() -> list[Rule]:
+    """``f(Gemm(x, W, b))`` and ``f(MatMul(x, W) + b)`` as one Gemm that applies ``f``
+    itself, for each activation a Gemm can fuse (``FUSED_ACTIVATIONS``), both weight
+    layouts, both ways: one kernel call, one task of the runtime's, instead of two or three.
+    The reverse frees the product to be split along its contracted dim again (an
+    activation of partial sums is not one of their sum, so a fused Gemm is never split so)."""
+    out = []
+    for fn in FUSED_ACTIVATIONS:
+        name = fn.lower()
+        for trans_b in (False, True):
+            tag = "-trans-b" if trans_b else ""
+            w = "Wt" if trans_b else "W"
+            fused = gemm("x", w, "b", trans_b=trans_b, activation=fn)
+            out += [
+                make_rule(f"gemm{tag}-{name}-fused", ("x", w, "b"), unary(fn, gemm("x", w, "b", trans_b=trans_b)),
+                          fused, params=(), doc=f"{fn}(Gemm(x, {w}, b)) = Gemm[{fn}](x, {w}, b): one kernel call"),
+                make_rule(f"matmul{tag}-add-{name}-fused", ("x", w, "b"),
+                          unary(fn, add(matmul("x", _weight(w, trans_b)), "b")), fused, params=(),
+                          constraints=[Constraint("EQUAL", ("rank", "x"), 2), Constraint("EQUAL", ("rank", w), 2),
+                                       Constraint("EQUAL", ("rank", "b"), 1)],
+                          doc=f"{fn}(MatMul(x, {'Transpose(Wt)' if trans_b else 'W'}) + b) = Gemm[{fn}](x, {w}, b)"),
+            ]
     return out
 
 
@@ -113,7 +140,7 @@ def sibling_gemms(n: int) -> Rule:
 
 def family_rules() -> list[Rule]:
     """Every instance of every family, in a fixed order."""
-    out = gemm_rules()
+    out = gemm_rules() + fused_activation_rules()
     out += [concat_linear(n) for n in range(2, MAX_ARITY + 1)]
     out += [concat_gemm(n) for n in range(2, MAX_ARITY + 1)]
     out += [sibling_matmuls(n) for n in range(2, MAX_SIBLINGS + 1)]

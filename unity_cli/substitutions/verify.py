@@ -465,6 +465,21 @@ def terms(pcg: PCG, s: Signature | None = None) -> list[z3.ExprRef]:
     return [values[(r.node, r.index)] for r in pcg.outputs]
 
 
+def _unary(s: Signature, fn: str, x: z3.ExprRef) -> z3.ExprRef:
+    """The term of a unary function the verifier models (a Unary node, a Gemm's activation)."""
+    how = UNARY[fn].verifier
+    match how:
+        case "relu":
+            return s.relu(x)
+        case "negate":
+            return s.scale(-1, x)
+        case "identity":    # Identity, Dropout (inference mode)
+            return x
+        case "pointwise":
+            return s.ew(EW_FUNCS.index(fn), x)
+    raise AssertionError(f"{fn}: the verifier has no term for {how!r}")
+
+
 def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorShape]) -> list[z3.ExprRef]:
     """The terms of one node's outputs from its inputs' terms."""
     a = n.op
@@ -479,15 +494,9 @@ def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorS
             if len(x) == 3:    # + beta C, broadcast as Add broadcasts it
                 c = x[2] if a.beta == 1 else s.scale(int(a.beta), x[2])
                 y = (s.add if ins[2].sizes == outs[0].sizes else s.badd)(y, c)
-            return [y]
-        case OpKind.Unary if UNARY[a.fn].verifier == "relu":
-            return [s.relu(x[0])]
-        case OpKind.Unary if UNARY[a.fn].verifier == "negate":
-            return [s.scale(-1, x[0])]
-        case OpKind.Unary if UNARY[a.fn].verifier == "identity":   # Identity, Dropout (inference mode)
-            return [x[0]]
-        case OpKind.Unary if UNARY[a.fn].verifier == "pointwise":
-            return [s.ew(EW_FUNCS.index(a.fn), x[0])]
+            return [_unary(s, a.activation, y) if a.activation else y]
+        case OpKind.Unary if not UNARY[a.fn].opaque:
+            return [_unary(s, a.fn, x[0])]
         case OpKind.Binary if not BINARY[a.fn].opaque:
             how = BINARY[a.fn].verifier
             if how == "subtract":

@@ -6,12 +6,13 @@ dim of both leaves partial sums (``MatMul(x, W)`` with ``K`` split ``d`` ways ha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ...errors import ShapeError
-from ..opspec import SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
 from .common import broadcast_dims, need_inputs, streaming_cost
+from .unary import UNARY
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,14 @@ class GemmAttrs:
     trans_b: bool = False
     alpha: float = 1.0
     beta: float = 1.0
+    activation: str = field(default="", metadata={OMIT_DEFAULT: True})
+    """A unary activation (:data:`FUSED_ACTIVATIONS`) applied to the result in the same
+    kernel call: ``Relu(Gemm(x, W, b))`` as one piece. Not ONNX: only a rewrite makes it
+    (``substitutions/families.py``); "" is none."""
+
+
+FUSED_ACTIVATIONS = tuple(fn for fn, f in UNARY.items() if f.activation and not f.opaque and f.backward is not None)
+"""The activations a Gemm can fuse: pointwise, differentiable, and modelled by the verifier."""
 
 
 def _matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
@@ -135,6 +144,8 @@ class Gemm(OpSpec):
 
     def infer(self, attrs, inputs):
         need_inputs(self.kind, inputs, 2, 3)
+        if attrs.activation and attrs.activation not in FUSED_ACTIVATIONS:
+            raise ShapeError(f"Gemm: cannot fuse activation {attrs.activation!r} (only {', '.join(FUSED_ACTIVATIONS)})")
         m, _, n = self._mkn(attrs, inputs)
         if len(inputs) == 3 and broadcast_dims("Gemm", [TensorShape((m, n)), inputs[2]]) != (m, n):
             raise ShapeError(f"Gemm: C of shape {list(inputs[2].dims)} does not broadcast to {[m, n]}")
@@ -153,6 +164,8 @@ class Gemm(OpSpec):
         return tuple(out)
 
     def terms(self, attrs, n):
+        if attrs.activation:    # an activation of partial sums is not the activation of their sum
+            return ()
         return ((0, 1), (2,)) if n == 3 else ((0, 1),)
 
     selective_backward = True
@@ -171,4 +184,7 @@ class Gemm(OpSpec):
             if not wanted[2]:
                 bias = replace(bias, bwd_flops=0.0, bwd_bytes=0.0)
             cost = cost + replace(bias, kernels=0, bwd_kernels=0)
+        if attrs.activation:    # one more pass over Y each way, in the same call
+            act = streaming_cost(outputs, outputs, UNARY[attrs.activation].flops)
+            cost = cost + replace(act, kernels=0, bwd_kernels=0)
         return cost
