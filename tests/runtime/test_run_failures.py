@@ -6,7 +6,9 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -107,7 +109,9 @@ def test_a_rank_killed_outright_can_be_named(plans):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert f"PID {pids[1]} " in out + err                 # mpiexec's word for the dead process
+    # mpiexec's word for the dead process, or, when rank 0's MPI call fails first (the
+    # launcher then tears the job down without it), rank 0's own
+    assert f"PID {pids[1]} " in out + err or f"rank 1 (pid {pids[1]}) is no longer running" in err, out + err
 
 
 @pytest.mark.parametrize("env, words", [
@@ -143,3 +147,31 @@ def test_bad_options(plans):
     assert r.returncode != 0 and "--steps" in errors(r)[0]
     r = unity_run(plan, "--data", "nowhere.npz", timeout=60)
     assert r.returncode != 0 and "nowhere.npz" in errors(r)[0]
+
+
+def test_a_dead_peer_on_this_host_is_named_and_a_live_one_is_not():
+    """What rank 0 adds when its MPI call fails: which ranks beside it are gone (a zombie,
+    killed but not yet reaped, counts as gone)."""
+    from unity_cli.runtime.train import _gone
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:   # exited, not reaped: its /proc entry says Z
+        try:
+            if open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.01)
+    host = socket.gethostname()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        where = [(os.getpid(), host), (done.pid, host), (alive.pid, host), (zombie.pid, host), (done.pid, "elsewhere")]
+        assert _gone(where, 0) == [f"rank 1 (pid {done.pid}) is no longer running",
+                                   f"rank 3 (pid {zombie.pid}) is no longer running"]
+    finally:
+        alive.kill()
+        alive.wait()
+        zombie.wait()

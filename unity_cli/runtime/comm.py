@@ -111,12 +111,19 @@ class Comm(ABC):
         self.world.Abort(code)
 
 
+def _returning(comm: Any) -> Any:
+    """``comm`` with MPI errors raised as exceptions, not fatal inside MPI: a rank whose peer
+    died then says so in its own words (``runtime/train.py``) before the job ends."""
+    comm.Set_errhandler(mpi().ERRORS_RETURN)
+    return comm
+
+
 class MpiComm(Comm):
     """mpi4py with numpy buffers (CPUs)."""
 
     def __init__(self, world: Any):
         super().__init__(world)
-        self.data = world.Dup()           # data traffic never mixes with control messages
+        self.data = _returning(world.Dup())           # data traffic never mixes with control messages
         self.groups: dict[Group, Any] = {}
 
     def setup_groups(self, groups: Sequence[Group]) -> None:
@@ -125,10 +132,10 @@ class MpiComm(Comm):
             if self.rank not in g or g in self.groups:
                 continue
             if len(g) == self.size:
-                self.groups[g] = self.data.Dup()
+                self.groups[g] = _returning(self.data.Dup())
                 continue
             sub = base.Incl(list(g))
-            self.groups[g] = self.data.Create_group(sub, tag)
+            self.groups[g] = _returning(self.data.Create_group(sub, tag))
             sub.Free()
         base.Free()
 

@@ -191,7 +191,7 @@ def run_plan(opts: RunOptions) -> RunOutcome:
     """Train with a plan on this job's ranks (see the module docstring)."""
     world = mpi().COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    _name_ranks(world, opts.verbose)
+    where = _name_ranks(world, opts.verbose)
     job, err = None, None
     try:
         job = setup_job(opts, world)
@@ -213,6 +213,8 @@ def run_plan(opts: RunOptions) -> RunOutcome:
         return _train(opts, job)
     except Exception as e:
         msg = _line(e) if isinstance(e, UnityError) else f"{type(e).__name__}: {_line(e)}"
+        if isinstance(e, mpi().Exception):
+            msg = f"an MPI call failed ({_line(e)})" + "".join(f"; {d}" for d in _gone(where, rank))
         if opts.debug:
             traceback.print_exc()
         if size == 1:
@@ -222,16 +224,40 @@ def run_plan(opts: RunOptions) -> RunOutcome:
         raise  # not reached: Abort ends the process
 
 
-def _name_ranks(world: Any, verbose: bool) -> None:
-    """Under ``--verbose``, rank 0 prints each rank's pid and host before any work: a rank
-    killed outright (``kill -9``, the OOM killer) cannot say so itself, and mpiexec then
+def _name_ranks(world: Any, verbose: bool) -> list[tuple[int, str]]:
+    """Each rank's (pid, host); under ``--verbose`` rank 0 prints them before any work: a
+    rank killed outright (``kill -9``, the OOM killer) cannot say so itself, and mpiexec then
     reports only the pid of the process that died."""
-    if not verbose:
-        return
     where = world.allgather((os.getpid(), socket.gethostname()))
-    if world.Get_rank() == 0:
+    if verbose and world.Get_rank() == 0:
         ranks = ", ".join(f"{r}: pid {pid} on {host}" for r, (pid, host) in enumerate(where))
         print(f"ranks    {ranks}", file=sys.stderr, flush=True)
+    return where
+
+
+def _gone(where: list[tuple[int, str]], me: int) -> list[str]:
+    """The ranks on this host that are no longer running (a peer killed mid-step): each as
+    ``rank R (pid P) is no longer running``. Ranks on other hosts cannot be seen from here."""
+    host = where[me][1]
+    out = []
+    for r, (pid, h) in enumerate(where):
+        if r != me and h == host and not _running(pid):
+            out.append(f"rank {r} (pid {pid}) is no longer running")
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:   # killed but not yet reaped by its launcher: a zombie
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _line(e: BaseException) -> str:
