@@ -280,3 +280,44 @@ def test_the_loss_is_priced_over_the_region_it_reads(dgx8, tmp_path):
     assert loss_ms("mse", 1) == pytest.approx(LOSS_PASSES["mse"] * whole, rel=1e-9)
     assert loss_ms("cross_entropy", 1) == pytest.approx(LOSS_PASSES["cross_entropy"] * whole, rel=1e-9)
     assert loss_ms("cross_entropy", 2) == pytest.approx(loss_ms("cross_entropy", 1) / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("fn,kept", [("Relu", 0), ("Sigmoid", 0), ("Tanh", 0), ("Gelu", 1)])
+def test_a_fused_activation_keeps_what_its_kernel_keeps(dgx8, fn, kept):
+    """Unfused, the product and the activation's output are both kept for backward. Fused,
+    the kernel keeps the product only where the activation's backward reads it (Gelu's
+    does; Relu's, Sigmoid's and Tanh's read their output), and the memory model counts so;
+    both kernels' backward agree with the unfused pair's."""
+    import numpy as np
+
+    from unity_cli.ir.ops.elementwise import UnaryAttrs
+    from unity_cli.ir.ops.linear import GemmAttrs
+    from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
+    from unity_cli.ir.pcg import GraphBuilder
+    from unity_cli.ir.shapes import TensorShape
+    from unity_cli.kernels import backward, forward
+
+    def graph(fused: bool):
+        b = GraphBuilder()
+        x = b.add1(InputAttrs(TensorShape((64, 32))), name="x")
+        w = b.add1(WeightAttrs(TensorShape((128, 32))), name="w")
+        c = b.add1(WeightAttrs(TensorShape((128,))), name="c")
+        if fused:
+            return b.build([b.add1(GemmAttrs(trans_b=True, activation=fn), [x, w, c], name="fc")])
+        y = b.add1(GemmAttrs(trans_b=True), [x, w, c], name="fc")
+        return b.build([b.add1(UnaryAttrs(fn), [y], name="act")])
+
+    mem = {f: max(estimate(g, default_views(g), dgx8, CostConfig()).memory) for f in (False, True)
+           for g in [graph(f)]}
+    assert mem[False] - mem[True] == (1 - kept) * 64 * 128 * 4
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s) for s in ((64, 32), (128, 32), (128,))]
+    g = rng.standard_normal((64, 128))
+    (y1,), ctx = forward(GemmAttrs(trans_b=True, activation=fn), xs, np)
+    (z,), c0 = forward(GemmAttrs(trans_b=True), xs, np)
+    (y0,), c1 = forward(UnaryAttrs(fn), [z], np)
+    np.testing.assert_allclose(y1, y0, rtol=1e-12)
+    (gz,) = backward(UnaryAttrs(fn), c1, [g], np)
+    for got, want in zip(backward(GemmAttrs(trans_b=True, activation=fn), ctx, [g], np),
+                         backward(GemmAttrs(trans_b=True), c0, [gz], np), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)

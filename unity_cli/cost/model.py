@@ -407,6 +407,7 @@ def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequenc
             per = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
                                        not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
                                        else o.dtype.itemsize) for o in n.outputs)
+            per += n.spec.kept_elements(n.op, [o.piece for o in n.outputs]) * config.dtype.itemsize
         np.add.at(mem, device_array(devs[i]), per)
     return mem.tolist()
 

@@ -184,6 +184,11 @@ class OpSpec:
         flops = float(sum(s.numel for s in outputs))
         return OpCost(flops, moved, 2 * flops, 2 * moved)
 
+    def kept_elements(self, attrs: Any, outputs: Sequence[TensorShape]) -> int:
+        """Elements the kernel keeps for backward beyond its outputs and inputs (which the
+        memory model counts where they are made): a fused activation's input. Default 0."""
+        return 0
+
     selective_backward: ClassVar[bool] = False
     """Whether the kernel's backward makes only the input gradients it is asked for (a
     product skips ``dX`` of a graph input: a whole GEMM); the cost then prices only those

@@ -54,15 +54,16 @@ def gemm_forward(op, xs, xp):
         c = xs[2]
         y = y + (c if op.beta == 1.0 else c * op.beta)
     z = None
-    if op.activation:
+    if op.activation:   # the product is kept only where the activation's backward needs it
         z, y = y, UNARY[op.activation].forward(y, xp)
+        z = None if UNARY[op.activation].from_output else z
     return [y], (a2, b2, xs[2].shape if len(xs) == 3 else None, z, y)
 
 
 def gemm_backward(op, ctx, gs, xp, wanted):
     a2, b2, c_shape, z, y = ctx
     if op.activation:   # through the activation first, as its own kernel would
-        gs = [UNARY[op.activation].backward(z, y, gs[0], xp)]
+        gs = [UNARY[op.activation].backward(y if z is None else z, y, gs[0], xp)]
     g = gs[0] * op.alpha if op.alpha != 1.0 else gs[0]
     # A transposed operand's gradient is computed in its own layout (C-contiguous), never
     # returned as a transposed view: adding a strided view into the weight's gradient cost

@@ -299,6 +299,7 @@ class Tables:
             t = fwd + bwd
             sync = 0.0
             mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
+            mem += n.spec.kept_elements(n.op, [s.piece for s in o.outputs]) * config.dtype.itemsize
             for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
                 match kind:
                     case Tensor.WEIGHT:

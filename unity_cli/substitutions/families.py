@@ -76,19 +76,27 @@ def fused_activation_rules() -> list[Rule]:
     activation of partial sums is not one of their sum, so a fused Gemm is never split so)."""
     out = []
     for fn in FUSED_ACTIVATIONS:
+        if fn == "Erf":   # only ever applied to a scaled copy of a product (Gelu written out): never matches
+            continue
         name = fn.lower()
         for trans_b in (False, True):
             tag = "-trans-b" if trans_b else ""
             w = "Wt" if trans_b else "W"
             fused = gemm("x", w, "b", trans_b=trans_b, activation=fn)
+            bare = gemm("x", w, trans_b=trans_b, activation=fn)
+            product = matmul("x", _weight(w, trans_b))
+            shown = "Transpose(Wt)" if trans_b else "W"
+            ranks = [Constraint("EQUAL", ("rank", "x"), 2), Constraint("EQUAL", ("rank", w), 2)]
             out += [
                 make_rule(f"gemm{tag}-{name}-fused", ("x", w, "b"), unary(fn, gemm("x", w, "b", trans_b=trans_b)),
                           fused, params=(), doc=f"{fn}(Gemm(x, {w}, b)) = Gemm[{fn}](x, {w}, b): one kernel call"),
-                make_rule(f"matmul{tag}-add-{name}-fused", ("x", w, "b"),
-                          unary(fn, add(matmul("x", _weight(w, trans_b)), "b")), fused, params=(),
-                          constraints=[Constraint("EQUAL", ("rank", "x"), 2), Constraint("EQUAL", ("rank", w), 2),
-                                       Constraint("EQUAL", ("rank", "b"), 1)],
-                          doc=f"{fn}(MatMul(x, {'Transpose(Wt)' if trans_b else 'W'}) + b) = Gemm[{fn}](x, {w}, b)"),
+                make_rule(f"matmul{tag}-add-{name}-fused", ("x", w, "b"), unary(fn, add(product, "b")), fused,
+                          params=(), constraints=ranks + [Constraint("EQUAL", ("rank", "b"), 1)],
+                          doc=f"{fn}(MatMul(x, {shown}) + b) = Gemm[{fn}](x, {w}, b)"),
+                make_rule(f"gemm{tag}-nobias-{name}-fused", ("x", w), unary(fn, gemm("x", w, trans_b=trans_b)), bare,
+                          params=(), doc=f"{fn}(Gemm(x, {w})) = Gemm[{fn}](x, {w})"),
+                make_rule(f"matmul{tag}-{name}-fused", ("x", w), unary(fn, product), bare, params=(),
+                          constraints=ranks, doc=f"{fn}(MatMul(x, {shown})) = Gemm[{fn}](x, {w})"),
             ]
     return out
 

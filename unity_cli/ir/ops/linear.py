@@ -170,6 +170,11 @@ class Gemm(OpSpec):
 
     selective_backward = True
 
+    def kept_elements(self, attrs, outputs):
+        """The product before its activation, where the activation's backward reads it."""
+        fused = attrs.activation and not UNARY[attrs.activation].from_output
+        return outputs[0].numel if fused else 0
+
     def cost(self, attrs, inputs, outputs):
         return self.cost_of_grads(attrs, inputs, outputs, (True,) * len(inputs))
 

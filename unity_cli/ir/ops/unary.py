@@ -39,6 +39,8 @@ class UnaryFn:
     activation: bool = False                      # the rule cache has fn-through-Repartition/Combine rules
     domain: str = "any"                           # where tests sample it: any | positive | away (from 0,
                                                   # where it is not differentiable)
+    from_output: bool = False                     # backward needs only y: given y for x it is the same
+                                                  # (a fused Gemm then keeps one tensor, not two)
 
     @property
     def opaque(self) -> bool:
@@ -133,7 +135,7 @@ _BOOL = Opaque("a test with a boolean output, which the verifier's tensor sort d
 
 UNARY: dict[str, UnaryFn] = {
     "Relu": UnaryFn(1, lambda x, xp: xp.maximum(x, 0), lambda x, y, g, xp: g * (x > 0), "relu", activation=True,
-                    domain="away"),
+                    domain="away", from_output=True),
     "Gelu": UnaryFn(24, _gelu, lambda x, y, g, xp: g * (0.5 * (1 + erf(x * _SQRT_HALF, xp))
                                                         + x * _INV_SQRT_2PI * xp.exp(-0.5 * x * x)),
                     activation=True),
@@ -141,8 +143,9 @@ UNARY: dict[str, UnaryFn] = {
                         lambda x, y, g, xp: g * _gelu_tanh_grad(x, xp),
                         Opaque("Gelu's tanh approximation is not among the verifier's functions yet")),
     "Erf": UnaryFn(20, erf, lambda x, y, g, xp: g * (_TWO_OVER_SQRT_PI * xp.exp(-x * x)), activation=True),
-    "Tanh": UnaryFn(20, lambda x, xp: xp.tanh(x), lambda x, y, g, xp: g * (1 - y * y), activation=True),
-    "Sigmoid": UnaryFn(8, _sigmoid, lambda x, y, g, xp: g * y * (1 - y), activation=True),
+    "Tanh": UnaryFn(20, lambda x, xp: xp.tanh(x), lambda x, y, g, xp: g * (1 - y * y), activation=True,
+                   from_output=True),
+    "Sigmoid": UnaryFn(8, _sigmoid, lambda x, y, g, xp: g * y * (1 - y), activation=True, from_output=True),
     "Exp": UnaryFn(8, lambda x, xp: xp.exp(x), lambda x, y, g, xp: g * y),
     "Log": UnaryFn(8, lambda x, xp: xp.log(x), lambda x, y, g, xp: g / x, domain="positive"),
     "Sqrt": UnaryFn(4, lambda x, xp: xp.sqrt(x), lambda x, y, g, xp: g / (y + y), domain="positive"),
