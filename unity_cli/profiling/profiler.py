@@ -353,6 +353,7 @@ def time_piece(piece: Piece, backend: Backend, policy: TimingPolicy, rng: np.ran
     xs = make_inputs(piece, xp, rng)
     grads = [xp.asarray(rng.standard_normal(s.dims).astype(s.dtype.numpy)) if s.dtype.is_float else None
              for s in piece.outputs]
+
     def back(ctx) -> None:
         if piece.runs_backward:   # else the runtime does not call it: it takes no time
             backward(piece.op, ctx, grads, xp, piece.mask)
