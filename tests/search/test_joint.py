@@ -191,3 +191,18 @@ def test_a_bias_set_apart_lets_the_second_linear_split_by_rows(tmp_path, cluster
     assert any(n.kind == "Reduction" for _, n in res["unity"].chosen.baseline.pcg)
     assert not any(a.rule_name == bias.rule_name for s in ("parallel_only", "algebraic_then_parallel")
                    for a in res[s].rewrites)
+
+
+def test_fusions_wait_for_the_parallelization_and_unity_is_never_behind_taso(cluster_dir, rules):
+    """DLRM's torch export on 8 GPUs: TASO-then-FlexFlow fuses every Linear's ReLU for one
+    device first; the joint search fuses only after choosing the parallelization, so a
+    fusion never takes a row split away, and it also starts its polish from TASO's solved
+    graph: it is at least as fast as both search baselines, and its plan fuses."""
+    from models.catalog import EXPORTED_DIR
+
+    pcg = import_model(EXPORTED_DIR / "dlrm_tiny.onnx", ImportOptions(batch_size=64)).pcg
+    res = optimize(pcg, load_cluster(cluster_dir / "dgx-a100-8.yaml"), CostConfig(), "best", rules)
+    unity = res.candidates["unity"].report.step_time
+    for other in ("parallel_only", "algebraic_then_parallel"):
+        assert unity <= res.candidates[other].report.step_time * (1 + 1e-9), other
+    assert any(a.rule_name.endswith("-fused") for a in res.rewrites)

@@ -263,14 +263,26 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         # Algebraic rewrites of the plain graph, each parallelized by the inner solver, from
         # the plain graph and from its rewriting for one device (algebraic_then_parallel's
         # first stage, shared with it): the joint search is never behind TASO-then-FlexFlow.
+        # Fusions wait for the polish: fused before the parallelization is chosen, a product
+        # can no longer be split by rows, and the few launches saved (more, the more devices)
+        # hide the better strategies from the walk.
         one, one_stats = _one_device(pcg, cluster, config, rules, _part(budget, 0.25), alpha, progress,
-                                     max(1, cap // 4), ev)
-        outer = SolvedSearch(cluster, config, [r for r in rules if not r.is_parallel], budget=_part(budget, 0.25),
+                                     max(1, cap // 4), ev, fuse=False)
+        outer = SolvedSearch(cluster, config, [r for r in rules if not (r.is_parallel or r.is_fusion)],
+                             budget=_part(budget, 0.25),
                              alpha=alpha, progress=progress, max_candidates=solved_candidates(pcg, cap),
                              solve=ev.solve)
         won = outer.run([("plain", pcg, ()), ("rewritten for one device", one.pcg, one.path)])
         starts.append(("rewritten and solved", won.pcg, won.path))
         stats = one_stats + outer.stats
+        # and TASO's graph, fusions and all, solved (algebraic_then_parallel's plan, shared
+        # with it): the polish starts from it too, so unity is never behind it
+        fused, fused_stats = _one_device(pcg, cluster, config, rules, _part(budget, 0.25), alpha, progress,
+                                         max(1, cap // 4), ev)
+        taso = _solved(fused.pcg, cluster, config, ev, "solver") if fused.path else None
+        if taso is not None:
+            starts.append(("rewritten for one device and solved", taso.pcg, fused.path))
+        stats = stats + fused_stats
     else:
         seg, stats = search_segments(pcg, cluster, config, rules, _part(budget, 0.25), alpha, batch_size(pcg),
                                      max_candidates=max(1, cap // 2), progress=progress)
@@ -324,13 +336,15 @@ def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progres
     return replace(found, path=rewritten.path + found.path), one_stats + two.stats
 
 
-def _one_device(pcg, cluster, config, rules, budget, alpha, progress, cap, ev) -> tuple[Found, SearchStats]:
-    """The graph rewritten with the algebraic rules for one device (TASO), once per run, graph
-    and work (``best`` asks it for the joint search and for algebraic_then_parallel: with
-    the default work both ask the same; the second gets it at no cost)."""
-    key = (pcg.node_hashes, cap)
+def _one_device(pcg, cluster, config, rules, budget, alpha, progress, cap, ev,
+                fuse: bool = True) -> tuple[Found, SearchStats]:
+    """The graph rewritten with the algebraic rules for one device (TASO), once per run, graph,
+    work and ``fuse`` (whether fusions are among the rules: the joint search starts from the
+    graph without them, algebraic_then_parallel rewrites with every rule, as TASO does)."""
+    key = (pcg.node_hashes, cap, fuse)
     if key not in ev.one_device:
-        one = JointSearch(cluster.first(1), config, [r for r in rules if not r.is_parallel], budget=budget,
+        kept = [r for r in rules if not r.is_parallel and (fuse or not r.is_fusion)]
+        one = JointSearch(cluster.first(1), config, kept, budget=budget,
                           alpha=alpha, progress=progress, max_candidates=scaled_candidates(pcg, cap, POLISH_WORK))
         ev.one_device[key] = (one.run([("plain", pcg, ())]), one.stats)
         return ev.one_device[key]

@@ -106,6 +106,12 @@ class Rule:
     def is_parallel(self) -> bool:
         return any(n.kind in PARALLEL_KINDS for n in self.src.nodes + self.dst.nodes)
 
+    @property
+    def is_fusion(self) -> bool:
+        """Whether it fuses an activation into its product, or undoes that: it saves launches
+        and takes away the product's split along its contracted dim."""
+        return any(k == "activation" and v for n in self.src.nodes + self.dst.nodes for k, v in n.attrs)
+
     def reversed(self) -> Rule:
         """The rule read right to left (made once per rule: every search of a run reverses
         the same rules)."""
