@@ -196,8 +196,8 @@ def test_a_bias_set_apart_lets_the_second_linear_split_by_rows(tmp_path, cluster
 def test_fusions_wait_for_the_parallelization_and_unity_is_never_behind_taso(cluster_dir, rules):
     """DLRM's torch export on 8 GPUs: TASO-then-FlexFlow fuses every Linear's ReLU for one
     device first; the joint search fuses only after choosing the parallelization, so a
-    fusion never takes a row split away, and it also starts its polish from TASO's solved
-    graph: it is at least as fast as both search baselines, and its plan fuses."""
+    fusion never takes a row split away, and it keeps the faster of its walk and the
+    search baselines' plans: it is at least as fast as both, and its plan fuses."""
     from models.catalog import EXPORTED_DIR
 
     pcg = import_model(EXPORTED_DIR / "dlrm_tiny.onnx", ImportOptions(batch_size=64)).pcg

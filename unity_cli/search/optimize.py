@@ -261,11 +261,11 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     stats = SearchStats()
     if solved:
         # Algebraic rewrites of the plain graph, each parallelized by the inner solver, from
-        # the plain graph and from its rewriting for one device (algebraic_then_parallel's
-        # first stage, shared with it): the joint search is never behind TASO-then-FlexFlow.
+        # the plain graph and from its rewriting for one device (TASO's stage, less fusions).
         # Fusions wait for the polish: fused before the parallelization is chosen, a product
         # can no longer be split by rows, and the few launches saved (more, the more devices)
-        # hide the better strategies from the walk.
+        # hide the better strategies from the walk. (``_search`` holds unity to the search
+        # baselines' plans, so it is never behind TASO-then-FlexFlow.)
         one, one_stats = _one_device(pcg, cluster, config, rules, _part(budget, 0.25), alpha, progress,
                                      max(1, cap // 4), ev, fuse=False)
         outer = SolvedSearch(cluster, config, [r for r in rules if not (r.is_parallel or r.is_fusion)],
@@ -275,14 +275,6 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         won = outer.run([("plain", pcg, ()), ("rewritten for one device", one.pcg, one.path)])
         starts.append(("rewritten and solved", won.pcg, won.path))
         stats = one_stats + outer.stats
-        # and TASO's graph, fusions and all, solved (algebraic_then_parallel's plan, shared
-        # with it): the polish starts from it too, so unity is never behind it
-        fused, fused_stats = _one_device(pcg, cluster, config, rules, _part(budget, 0.25), alpha, progress,
-                                         max(1, cap // 4), ev)
-        taso = _solved(fused.pcg, cluster, config, ev, "solver") if fused.path else None
-        if taso is not None:
-            starts.append(("rewritten for one device and solved", taso.pcg, fused.path))
-        stats = stats + fused_stats
     else:
         seg, stats = search_segments(pcg, cluster, config, rules, _part(budget, 0.25), alpha, batch_size(pcg),
                                      max_candidates=max(1, cap // 2), progress=progress)
@@ -431,7 +423,8 @@ def _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work
     """The searches of ``optimize`` (``best``: all three, each with a share of the work)."""
     # The joint search reports the two search baselines too, each with a share of the work.
     joint = strategy in (Strategy.BEST, Strategy.UNITY)
-    runs = SEARCHES if joint else (strategy,)
+    # the search baselines first, so that unity is held to them (below)
+    runs = (Strategy.PARALLEL_ONLY, Strategy.ALGEBRAIC_THEN_PARALLEL, Strategy.UNITY) if joint else (strategy,)
     shares = {Strategy.UNITY: 0.5, Strategy.PARALLEL_ONLY: 0.25, Strategy.ALGEBRAIC_THEN_PARALLEL: 0.25} if joint \
         else {strategy: 1.0}
     found_by = {}
@@ -461,6 +454,15 @@ def _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work
                                          description=f"search kept {start.baseline.name}"),
                                  start.views, start.report)
                 found = Found(start.baseline.pcg, start.views, start.report, start.baseline.name)
+        if name == Strategy.UNITY:
+            # Its space holds both search baselines' plans (the rules of each, both levels), so
+            # where its walk missed theirs it keeps the faster, with the rewrites that made it.
+            for other in (Strategy.PARALLEL_ONLY, Strategy.ALGEBRAIC_THEN_PARALLEL):
+                if other in found_by and _better(candidates[other].report, cand.report):
+                    kept = candidates[other]
+                    cand = Candidate(replace(kept.baseline, name=name, description=f"search kept {other}"),
+                                     kept.views, kept.report)
+                    found = found_by[other][0]
         candidates[name] = cand
         found_by[name] = (found, stats)
     name = _fastest(candidates) if strategy == Strategy.BEST or strategy not in candidates else strategy
