@@ -216,16 +216,17 @@ def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
     outs = piece_shapes(outputs, dtype)
     spec = spec_of(op)
     runs_backward = mask is None or any(mask)
-    full = roofline(spec.cost(op, ins, outs), device, dtype)
-    part = roofline(spec.cost_of_grads(op, ins, outs, mask), device, dtype) if mask is not None else full
+    part = roofline(spec.cost(op, ins, outs) if mask is None else spec.cost_of_grads(op, ins, outs, mask),
+                    device, dtype)
     hit = None
     if profile:
         key = piece_op(op, outputs[0])
         hit = profile.op_time(device, dtype.value, piece_key(key, ins, outs, mask)) if mask is not None else None
         if hit is None:
-            whole = profile.op_time(device, dtype.value, piece_key(key, ins, outs))
-            scale = part.bwd / full.bwd if full.bwd > 0 else 1.0
-            hit = None if whole is None else replace(whole, bwd=whole.bwd * scale)
+            hit = whole = profile.op_time(device, dtype.value, piece_key(key, ins, outs))
+            if whole is not None and mask is not None:   # measured whole: scaled as the roofline scales
+                full = roofline(spec.cost(op, ins, outs), device, dtype)
+                hit = replace(whole, bwd=whole.bwd * (part.bwd / full.bwd if full.bwd > 0 else 1.0))
     if hit is not None:
         fwd, bwd = hit.fwd, hit.bwd
     else:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ...errors import ShapeError
-from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register, spec_by_kind
 from ..shapes import TensorShape
 from .common import broadcast_dims, need_inputs, streaming_cost
+from .elementwise import UnaryAttrs
 from .unary import UNARY
 
 
@@ -189,7 +190,7 @@ class Gemm(OpSpec):
             if not wanted[2]:
                 bias = replace(bias, bwd_flops=0.0, bwd_bytes=0.0)
             cost = cost + replace(bias, kernels=0, bwd_kernels=0)
-        if attrs.activation:    # one more pass over Y each way, in the same call
-            act = streaming_cost(outputs, outputs, UNARY[attrs.activation].flops)
+        if attrs.activation:    # the activation priced as its Unary prices it, in the same call
+            act = spec_by_kind(OpKind.Unary).cost(UnaryAttrs(attrs.activation), outputs, outputs)
             cost = cost + replace(act, kernels=0, bwd_kernels=0)
         return cost
