@@ -425,9 +425,11 @@ def test_pieces_timed_only_alone_are_scaled_to_steps(cluster):
         Profile.from_json(_doc({"mm": bad}))
 
 
-def test_parallel_op_tasks_pay_the_dispatch_too(profiled, mlp, cluster):
-    """The executor runs a moving parallel op as a task like a compute one: with a profile,
-    each direction that moves data costs the link model plus half the measured dispatch."""
+def test_parallel_op_tasks_pay_the_executors_own_work_as_compute(profiled, mlp, cluster):
+    """The executor runs a moving parallel op as a task like a compute one, and the runtime
+    counts its work around the calls as compute: with a profile, each direction that moves
+    data costs the link model as communication, plus half the measured dispatch as compute,
+    or the ``parallel_task_s`` timed in steps where the profile has it."""
     from unity_cli.search.baselines import tensor_parallel  # noqa: PLC0415
 
     pcg = tensor_parallel(import_model(str(mlp), ImportOptions(8, {})).pcg, cluster).pcg
@@ -435,16 +437,47 @@ def test_parallel_op_tasks_pay_the_dispatch_too(profiled, mlp, cluster):
     doc = profiled.to_json()
     half = doc["compute"]["cpu-core"]["dispatch_s"] / 2
     doc["compute"]["cpu-core"]["dispatch_s"] = 0.0
-    with_dispatch = CostContext.of(pcg, cluster, CostConfig(profile=profiled))
     without = CostContext.of(pcg, cluster, CostConfig(profile=Profile.from_json(doc)))
+    doc["compute"]["cpu-core"]["parallel_task_s"] = 3e-5
+    timed = CostContext.of(pcg, cluster, CostConfig(profile=Profile.from_json(doc)))
+    with_dispatch = CostContext.of(pcg, cluster, CostConfig(profile=profiled))
     moving = 0
     for i, n in pcg:
         if n.spec.is_parallel_op:
-            a, b = node_cost(with_dispatch, i, views), node_cost(without, i, views)
-            assert a.comm_fwd == pytest.approx(b.comm_fwd + (half if b.comm_fwd else 0.0))
-            assert a.comm_bwd == pytest.approx(b.comm_bwd + (half if b.comm_bwd else 0.0))
+            a, b, c = (node_cost(ctx, i, views) for ctx in (with_dispatch, without, timed))
+            assert (a.comm_fwd, a.comm_bwd) == (b.comm_fwd, b.comm_bwd) == (c.comm_fwd, c.comm_bwd)
+            assert (b.compute_fwd, b.compute_bwd) == (0.0, 0.0)
+            assert a.compute_fwd == pytest.approx(half if b.comm_fwd else 0.0)
+            assert a.compute_bwd == pytest.approx(half if b.comm_bwd else 0.0)
+            assert (c.compute_fwd, c.compute_bwd) == (3e-5 if b.comm_fwd else 0.0, 3e-5 if b.comm_bwd else 0.0)
             moving += b.comm_fwd > 0
     assert moving > 0
+
+
+def test_every_call_pays_the_profiles_call_overhead(profiled, cluster):
+    """``comm.call_overhead_s`` is added once per call the runtime makes: one exchange for a
+    phase's messages, one call per class of collectives (disjoint groups run at once)."""
+    from unity_cli.cluster.collectives import Collective  # noqa: PLC0415
+    from unity_cli.cost.moves import Move, phase_seconds  # noqa: PLC0415
+
+    doc = profiled.to_json()
+    doc["comm"]["call_overhead_s"] = 1e-5
+    over = Profile.from_json(doc)
+    moves = [Move(Collective.P2P, "fwd", (0, 1), 4096), Move(Collective.P2P, "fwd", (1, 0), 4096),
+             Move(Collective.ALL_REDUCE, "fwd", (0, 1), 1024), Move(Collective.ALL_GATHER, "bwd", (0, 1), 512),
+             Move(Collective.ALL_REDUCE, "bwd", (0, 1), 1024)]
+    base, more = phase_seconds(moves, cluster, profiled), phase_seconds(moves, cluster, over)
+    assert more["fwd"] == pytest.approx(base["fwd"] + 2e-5)      # the exchange and the all-reduce
+    assert more["bwd"] == pytest.approx(base["bwd"] + 2e-5)      # two collectives
+    assert phase_seconds([], cluster, over) == {}
+    assert over.call_overhead == 1e-5 and profiled.call_overhead == 0.0
+    doc["comm"]["call_overhead_s"] = -1.0
+    with pytest.raises(ProfileError, match=r"comm\.call_overhead_s: expected a non-negative number"):
+        Profile.from_json(doc)
+    doc["comm"].pop("call_overhead_s")
+    doc["compute"]["cpu-core"]["parallel_task_s"] = "fast"
+    with pytest.raises(ProfileError, match=r"compute\.cpu-core\.parallel_task_s: expected a non-negative"):
+        Profile.from_json(doc)
 
 
 def test_the_loss_runs_between_forward_and_backward(profiled, mlp, cluster):

@@ -38,7 +38,8 @@ from .moves import Move, Structure, device_array, node_moves, phase_seconds, sen
 from .profile import Profile, piece_key
 
 __all__ = ["CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate",
-           "gather_then_replicate", "layout_sources", "memory_per_device", "node_cost", "stored_layout"]
+           "gather_then_replicate", "layout_sources", "memory_per_device", "node_cost", "stored_layout",
+           "updates_per_device"]
 
 
 class Optimizer(Enum):
@@ -182,10 +183,12 @@ def _price(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence
     if n.spec.is_source or ctx.layout[i] is not None:
         return NodeCost(i, 0, 0, 0, 0, sync, loss), moves
     if n.spec.is_parallel_op:
-        if config.profile is not None and (f or b):  # a task of the runtime's, like a compute one
-            half = config.profile.dispatch(cluster.device_type(views[i].devices(n.outputs[0])[0])) / 2
-            f, b = f + half if f else 0.0, b + half if b else 0.0
-        return NodeCost(i, 0, 0, f, b, 0, loss), moves
+        # a task of the runtime's: each pass that moves data pays the executor's own work
+        # around its calls, which the runtime counts as compute
+        own = 0.0
+        if config.profile is not None and (f or b):
+            own = config.profile.parallel_task(cluster.device_type(views[i].devices(n.outputs[0])[0]))
+        return NodeCost(i, own if f else 0.0, own if b else 0.0, f, b, 0, loss), moves
     devices = views[i].devices(n.outputs[0])
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
     inputs = tuple(pcg.shape(r) for r in n.inputs)
@@ -425,18 +428,29 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             copied[d] = copied.get(d, 0) + m.nbytes
     for d, nbytes in copied.items():
         t[d] += sync_copy_seconds(nbytes, cluster.device_type(d))
-    stored = _stored(pcg, layout)
     types, index, _ = _device_types(cluster)
-    for i, n in pcg:
-        src = layout[i]
-        if not stored[i] or src is None:
-            continue
-        w = pcg.nodes[src].op
-        if isinstance(w, WeightAttrs) and w.trainable:
-            per_type = np.array([update_seconds(n.outputs[0].piece.numel, ty, config) for ty in types])
-            ix = device_array(devs[i])
-            np.add.at(t, ix, per_type[index[ix]])
+    for i in _updated(pcg, layout):
+        per_type = np.array([update_seconds(pcg.nodes[i].outputs[0].piece.numel, ty, config) for ty in types])
+        ix = device_array(devs[i])
+        np.add.at(t, ix, per_type[index[ix]])
     return t
+
+
+def _updated(pcg: PCG, layout: Sequence[int | None]) -> list[int]:
+    """The stored pieces of trainable weights: each is one optimizer update on its devices."""
+    stored = _stored(pcg, layout)
+    return [i for i, n in pcg if stored[i] and layout[i] is not None
+            and isinstance(w := pcg.nodes[layout[i]].op, WeightAttrs) and w.trainable]
+
+
+def updates_per_device(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
+                       config: CostConfig = CostConfig()) -> list[int]:
+    """How many weight-piece updates each device's optimizer step makes (each pays the
+    profile's fixed ``update_s`` once)."""
+    count = np.zeros(cluster.num_devices, dtype=np.int64)
+    for i in _updated(pcg, CostContext.of(pcg, cluster, config).layout):
+        np.add.at(count, device_array(views[i].devices(pcg.nodes[i].outputs[0])), 1)
+    return count.tolist()
 
 
 @functools.lru_cache(maxsize=8)

@@ -16,8 +16,10 @@ so that save -> load -> save is byte-identical and its SHA-256 names one measure
                                                               "alone_fwd_s": s, "alone_bwd_s": s}}},
                                "dispatch_s": s,                 # optional: per task, beside its kernels
                                "update_s": {OPTIMIZER: s},      # optional: per weight piece and step
-                               "loss_s": s}},                   # optional: per step
+                               "loss_s": s,                     # optional: per step
+                               "parallel_task_s": s}},          # optional: per pass of a parallel op that moves data
      "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
+              "call_overhead_s": s,                             # optional: per data-plane call
               "links": {LINK KIND: {"latency_s": s, "bandwidth_Bps": b, "samples": [[bytes, s], ...]}},
               "collectives": {COLLECTIVE: {LINK KIND: {"ranks": p, "alpha_s": s, "beta_s_per_byte": s,
                                                        "samples": [[bytes, s], ...]}}}}}
@@ -47,6 +49,16 @@ besides its kernels or messages, ``update_s`` the fixed cost of one optimizer up
 one weight piece and ``loss_s`` that of a step's loss; all are measured by
 ``runtime/calibrate.py`` and added by the cost model to every task, every stored weight
 piece and every step on that device type.
+
+``unity profile --plan`` also times what a training step pays besides kernels and the
+links' fits, in the plan's own steps (``profiling/profiler.py``, :func:`measure_in_situ`):
+``update_s`` and ``loss_s`` are then the optimizer's and the loss's phases less the
+bandwidth terms the cost model adds, per weight piece and per step; ``parallel_task_s``
+is what the executor spends on one pass of a parallel op's task outside the
+communicator (buffers, copies, the calls' bookkeeping), which the runtime counts as
+compute; and ``comm.call_overhead_s`` is the median excess of a data-plane call in a step
+over what the fits price it at (the least time any rank spent in it, so waiting for a
+late rank is not counted), which the cost model adds to every call it prices.
 
 Only ``compute`` and ``comm`` feed the cost model; ``machine`` and ``settings`` reach a
 plan only through the profile's content hash.
@@ -174,6 +186,19 @@ class CollectiveFit:
         return self.alpha + self.beta * nbytes
 
 
+@dataclass(frozen=True, slots=True)
+class Overheads:
+    """The runtime's own work on one device type (seconds; see the module's docstring)."""
+
+    dispatch: float = 0.0
+    update: Mapping[str, float] = field(default_factory=dict)
+    loss: float = 0.0
+    parallel_task: float | None = None
+
+
+_NO_OVERHEADS = Overheads()
+
+
 @dataclass(frozen=True, eq=False)
 class Profile:
     """A loaded, validated profile DB. Immutable; equal and hashed by content (SHA-256 of
@@ -187,7 +212,8 @@ class Profile:
     _links: Mapping[str, LinkFit] = field(init=False, repr=False)
     _collectives: Mapping[tuple[str, str], CollectiveFit] = field(init=False, repr=False)
     _types: frozenset[tuple[str, str]] = field(init=False, repr=False)
-    _overheads: Mapping[tuple[str, str], tuple[float, Mapping[str, float], float]] = field(init=False, repr=False)
+    _overheads: Mapping[tuple[str, str], Overheads] = field(init=False, repr=False)
+    _call_overhead: float = field(init=False, repr=False)
     _calibrations: Mapping[tuple[str, str, str], Mapping[str, tuple[Calibration, Calibration]]] = field(
         init=False, repr=False)
     _hash: int = field(init=False, repr=False)
@@ -196,6 +222,7 @@ class Profile:
         data = json.loads(self.text)
         ops, links, colls, comm_type, overheads = _validate(data)
         object.__setattr__(self, "_overheads", MappingProxyType(overheads))
+        object.__setattr__(self, "_call_overhead", float(data["comm"].get("call_overhead_s", 0.0)))
         digest = hashlib.sha256(self.text.encode()).hexdigest()
         object.__setattr__(self, "sha256", digest)
         object.__setattr__(self, "_hash", int(digest[:16], 16))
@@ -253,20 +280,31 @@ class Profile:
         fits = table.get(kind) or table.get("*") if table else None
         return (fits[0](roof_fwd), fits[1](roof_bwd)) if fits else None
 
+    def _overhead(self, device: DeviceType) -> Overheads:
+        return self._overheads.get((device.name, device.kind.value), _NO_OVERHEADS)
+
     def dispatch(self, device: DeviceType) -> float:
         """Seconds the runtime adds to each compute task on ``device`` (0 if not measured)."""
-        entry = self._overheads.get((device.name, device.kind.value))
-        return entry[0] if entry is not None else 0.0
+        return self._overhead(device).dispatch
 
     def update_overhead(self, device: DeviceType, optimizer: str) -> float:
         """Fixed seconds of one optimizer update of one weight piece (0 if not measured)."""
-        entry = self._overheads.get((device.name, device.kind.value))
-        return entry[1].get(optimizer, 0.0) if entry is not None else 0.0
+        return self._overhead(device).update.get(optimizer, 0.0)
 
     def loss(self, device: DeviceType) -> float:
         """Fixed seconds of a step's loss on ``device`` (0 if not measured)."""
-        entry = self._overheads.get((device.name, device.kind.value))
-        return entry[2] if entry is not None else 0.0
+        return self._overhead(device).loss
+
+    def parallel_task(self, device: DeviceType) -> float:
+        """Seconds the executor spends on one pass of a parallel op's task that moves data,
+        outside the communicator: measured in steps, else half a dispatch (0 if neither)."""
+        o = self._overhead(device)
+        return o.parallel_task if o.parallel_task is not None else o.dispatch / 2
+
+    @property
+    def call_overhead(self) -> float:
+        """Seconds a data-plane call in a step takes beyond what the fits price it at."""
+        return self._call_overhead
 
     def link(self, kind: str) -> LinkFit | None:
         """The measured point-to-point link of a kind (``intra-node``/``inter-node``)."""
@@ -455,10 +493,10 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
     _obj(data["machine"], "machine")
     _obj(data["settings"], "settings")
     ops: dict[tuple[str, str, str], dict[str, OpTime]] = {}
-    overheads: dict[tuple[str, str], tuple[float, Mapping[str, float]]] = {}
+    overheads: dict[tuple[str, str], Overheads] = {}
     for dev, entry in sorted(_obj(data["compute"], "compute").items()):
         where = f"compute.{dev}"
-        _keys(_obj(entry, where), where, ("dtypes", "kind"), ("dispatch_s", "loss_s", "update_s"))
+        _keys(_obj(entry, where), where, ("dtypes", "kind"), ("dispatch_s", "loss_s", "parallel_task_s", "update_s"))
         kind = entry["kind"]
         if kind not in ("cpu", "gpu"):
             raise ProfileError(f"{where}.kind: expected 'cpu' or 'gpu', got {kind!r}")
@@ -468,7 +506,10 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
             if opt not in ("sgd", "momentum", "adam"):
                 raise ProfileError(f"{where}.update_s.{opt}: unknown optimizer (expected sgd, momentum or adam)")
             update[opt] = _num(t, f"{where}.update_s.{opt}")
-        overheads[(dev, kind)] = (dispatch, MappingProxyType(update), _num(entry.get("loss_s", 0.0), f"{where}.loss_s"))
+        task = entry.get("parallel_task_s")
+        overheads[(dev, kind)] = Overheads(dispatch, MappingProxyType(update),
+                                           _num(entry.get("loss_s", 0.0), f"{where}.loss_s"),
+                                           None if task is None else _num(task, f"{where}.parallel_task_s"))
         for dtype, table in sorted(_obj(entry["dtypes"], f"{where}.dtypes").items()):
             at = f"{where}.dtypes.{dtype}"
             if dtype not in _FLOAT_DTYPES:
@@ -490,7 +531,9 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
                                   _int(t["repeats"], f"{w}.repeats", 1), *roof, t.get("in_situ", False), *alone)
             ops[(dev, kind, dtype)] = MappingProxyType(out)
     comm = _obj(data["comm"], "comm")
-    _keys(comm, "comm", ("collectives", "device_kind", "device_type", "hosts", "links", "ranks"))
+    _keys(comm, "comm", ("collectives", "device_kind", "device_type", "hosts", "links", "ranks"),
+          ("call_overhead_s",))
+    _num(comm.get("call_overhead_s", 0.0), "comm.call_overhead_s")
     if comm["device_type"] is not None and not isinstance(comm["device_type"], str):
         raise ProfileError(f"comm.device_type: expected a device type name or null, got {comm['device_type']!r}")
     if comm["device_kind"] not in ("cpu", "gpu", None):

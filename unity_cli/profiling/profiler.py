@@ -22,12 +22,14 @@ baselines) to know what to measure. The cost model reads only the DB (``cost/pro
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import socket
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,6 +40,8 @@ from ..cluster.collectives import Collective
 from ..cluster.spec import ClusterSpec, DeviceKind, DeviceType
 from ..cost.comm import INTER_NODE, INTRA_NODE
 from ..cost.compute import as_compute_dtype, roofline
+from ..cost.model import CostConfig, Optimizer, estimate, updates_per_device
+from ..cost.moves import Move, phase_seconds
 from ..cost.profile import FORMAT, Profile, fit_alpha_beta, piece_key
 from ..errors import ProfileError, UnityError, UsageError
 from ..ir.dtypes import DType
@@ -51,10 +55,11 @@ from ..ir.schedule import needs_grad
 from ..ir.shapes import TensorShape
 from ..kernels import backward, forward
 from ..onnx_import import ImportOptions, import_model
-from ..plan.plan import load_plan
+from ..plan.plan import Plan, load_plan
 from ..runtime.calibrate import dispatch_seconds, update_and_loss_seconds
 from ..runtime.comm import make_comm, mpi
 from ..runtime.device import array_module
+from ..runtime.phases import CallMove, StepClock
 from ..runtime.threads import THREAD_VARS
 from ..runtime.train import RunOptions, setup_job
 from ..search.baselines import STRATEGIES
@@ -136,6 +141,16 @@ class ProfileRun:
             lines.append(f"comm     {self.ranks} ranks: " + "; ".join(parts))
         else:
             lines.append("comm     not measured (run under mpiexec -n 2 or more to measure links and collectives)")
+        dev = self.profile.to_json()["compute"].get(settings["device_type"], {})
+        if settings.get("plans"):
+            update = sorted(dev.get("update_s", {}).items())
+            parts = [f"optimizer {opt} {t * 1e6:.1f} us per weight piece" for opt, t in update]
+            parts.append(f"loss {dev.get('loss_s', 0.0) * 1e6:.1f} us")
+            if "parallel_task_s" in dev:
+                parts.append(f"parallel op {dev['parallel_task_s'] * 1e6:.1f} us per pass")
+            if "call_overhead_s" in comm:
+                parts.append(f"{comm['call_overhead_s'] * 1e6:.1f} us per call beyond its fit")
+            lines.append("in steps " + "; ".join(parts))
         kept = f" (kept {self.kept} earlier entries)" if self.kept else ""
         lines.append(f"wrote    {path}{kept}")
         return "\n".join(lines)
@@ -413,51 +428,157 @@ def measure_compute(pieces: Sequence[Piece], backend: Backend, policy: TimingPol
     return entries, 0, failed
 
 
+@dataclass(frozen=True)
+class InSitu:
+    """What ``unity profile --plan`` times inside the saved plans' training steps."""
+
+    entries: dict[str, dict[str, Any]]          # the plans' compute pieces, as DB entries
+    parallel_task: float | None                 # a parallel op's pass, outside the communicator
+    update: dict[str, float]                    # optimizer -> per weight piece, less the bandwidth terms
+    loss: float | None                          # a step's loss, less its bandwidth term
+    calls: tuple[tuple[ClusterSpec, tuple[CallMove, ...], float], ...] = ()
+    """Each data-plane call of a step: its plan's cluster, the moves of every rank taking
+    part, and the least seconds any of them spent in it (the median over the steps)."""
+
+    def call_overhead(self, profile: Profile) -> float | None:
+        """The mean excess of the steps' calls over what ``profile``'s fits price them at
+        (None: no calls were made): the mean, so that a phase's calls add up to what they took."""
+        if not self.calls:
+            return None
+        excess = [least - phase_seconds([Move(k, "fwd", g if k is Collective.P2P else tuple(sorted(g)), n, r)
+                                         for k, g, n, r in moves], cluster, profile).get("fwd", 0.0)
+                  for cluster, moves, least in self.calls]
+        return max(0.0, statistics.fmean(excess))
+
+
 def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: int = 12,
-                    device: DeviceType | None = None) -> dict[str, dict[str, Any]]:
-    """DB entries for the compute pieces of saved plans, timed inside real training steps
-    (``unity run``'s executor on this job's ranks, synthetic data) rather than alone: a
-    kernel runs slower among its neighbours than in a loop on warm inputs. The dispatch the
-    cost model adds back is taken out. Plans for another rank count are skipped; every
-    rank returns every rank's entries (the median where ranks measured the same piece)."""
+                    device: DeviceType | None = None) -> InSitu:
+    """Time saved plans inside real training steps (``unity run``'s executor on this job's
+    ranks, synthetic data) rather than alone: a kernel runs slower among its neighbours
+    than in a loop on warm inputs, and a step pays for more than its kernels and links.
+    Kept: the compute pieces (less the dispatch the cost model adds back), the parallel
+    ops' own work per pass, each call's time, and the optimizer's and the loss's phases
+    less what the cost model prices them at without a profile (their bandwidth terms).
+    Plans for another rank count are skipped; every rank returns the same, from every
+    rank's times (the median where ranks measured the same thing)."""
     world = mpi().COMM_WORLD
     samples: dict[str, tuple[str, list[float], list[float]]] = {}
     roofs: dict[str, dict[str, float]] = {}
+    own: list[float] = []
+    measured: list[dict[str, Any]] = []     # per plan, this rank's calls and phases
+    jobs = []
     for path in plans:
         job = setup_job(RunOptions(plan=str(path), backend="auto"), world)
         if job.plan.cluster.num_devices != world.Get_size():
             continue
-        pcg = job.plan.pcg
+        pcg, ex, comm = job.plan.pcg, job.executor, job.comm
         keys = {}
         for i, n in pcg:
             if not (n.spec.is_source or n.spec.is_parallel_op):
-                piece = piece_of(pcg, i, dtype, job.executor.p.has_grad)
+                piece = piece_of(pcg, i, dtype, ex.p.has_grad)
                 keys[i] = (piece.key, piece.kind)
                 if device is not None:
                     roofs[piece.key] = roofline_entry(piece, device, dtype)
-        job.executor.timings = {}
+        ex.timings, ex.own_work, ex.pass_seconds = {}, {}, {}
+        clock = ex.clock = StepClock(comm)
+        comm.moves = []
+        made: list[list[tuple[tuple, float, tuple[CallMove, ...]]]] = []
         for s in range(steps):
             batch = job.data.batch(s)
-            job.executor.step(batch.inputs, job.xp.asarray(batch.labels))
-            job.comm.sync()
+            t0 = time.perf_counter()
+            ex.step(batch.inputs, job.xp.asarray(batch.labels))
+            comm.sync()
+            clock.stop(time.perf_counter() - t0)
+            made.append([(key, sec, mv) for (key, sec), mv in zip(comm.calls or (), comm.moves, strict=True)])
             if s == 1:  # the first steps warm up
-                job.executor.timings = {}
-        for (node, phase), times in job.executor.timings.items():
+                ex.timings, ex.own_work, ex.pass_seconds = {}, {}, {}
+        kept = clock.steps[2:] or clock.steps
+        tasks = {k: statistics.median(t) for k, t in ex.timings.items()}
+        parallel = {k: (statistics.median(a for a, _ in t), statistics.median(a - b for a, b in t))
+                    for k, t in ex.own_work.items()}
+        between = {phase: _between(statistics.median(t), [v for (_, p), v in tasks.items() if p == phase]
+                                   + [a for (_, p), (a, _) in parallel.items() if p == phase])
+                   for phase, t in ex.pass_seconds.items()}
+        for (node, phase), t in tasks.items():
             key, kind = keys[node]
             entry = samples.setdefault(key, (kind, [], []))
-            entry[1 if phase == "fwd" else 2].append(statistics.median(times))
-    gathered = world.allgather(samples)
+            entry[1 if phase == "fwd" else 2].append(t + between[phase])
+        own += [t + between[phase] for (_, phase), (_, t) in parallel.items()]
+        measured.append({"calls": made[2:] or made,
+                         **{ph: statistics.median(p.get(ph, 0.0) for p in kept) for ph in ("optimizer", "loss")}})
+        jobs.append(job)
+        ex.timings = ex.clock = comm.moves = None
+    gathered = world.allgather((samples, own, measured))
     merged: dict[str, tuple[str, list[float], list[float]]] = {}
-    for part in gathered:
+    for part, _, _ in gathered:
         for key, (kind, f, b) in part.items():
             m = merged.setdefault(key, (kind, [], []))
             m[1].extend(f)
             m[2].extend(b)
     half = dispatch / 2
-    return {key: {"op": kind, "fwd_s": max(0.0, statistics.median(f) - half) if f else 0.0,
-                  "bwd_s": max(0.0, statistics.median(b) - half) if b else 0.0, "repeats": steps - 2,
-                  "in_situ": True, **roofs.get(key, {})}
-            for key, (kind, f, b) in sorted(merged.items()) if f}
+    entries = {key: {"op": kind, "fwd_s": max(0.0, statistics.median(f) - half) if f else 0.0,
+                     "bwd_s": max(0.0, statistics.median(b) - half) if b else 0.0, "repeats": steps - 2,
+                     "in_situ": True, **roofs.get(key, {})}
+               for key, (kind, f, b) in sorted(merged.items()) if f}
+    owns = [t for _, o, _ in gathered for t in o]
+    update: dict[str, list[float]] = {}
+    losses: list[float] = []
+    calls = []
+    for k, job in enumerate(jobs):
+        ranks = [g[2][k] for g in gathered]
+        upd, loss = _fixed_costs(job.plan, job.optimizer.kind.value, ranks)
+        update.setdefault(job.optimizer.kind.value, []).extend(upd)
+        losses += loss
+        calls += _least_calls(job.plan.cluster, [r["calls"] for r in ranks])
+    return InSitu(entries, statistics.fmean(owns) if owns else None,
+                  {opt: max(0.0, float(statistics.median(v))) for opt, v in sorted(update.items()) if v},
+                  max(0.0, float(statistics.median(losses))) if losses else None, tuple(calls))
+
+
+def _fixed_costs(plan: Plan, optimizer: str, ranks: Sequence[Mapping[str, float]]) -> tuple[list[float], list[float]]:
+    """What the optimizer's and the loss's phases measured on each rank (``ranks``: rank by
+    rank, seconds per step) cost beyond the bandwidth terms the cost model prices them at:
+    per weight piece updated on that rank, and per step on a rank that computes the loss."""
+    bare = CostConfig(DType(plan.config["dtype"]), Optimizer(optimizer))
+    report = estimate(plan.pcg, plan.views, plan.cluster, bare)
+    counts = updates_per_device(plan.pcg, plan.views, plan.cluster, bare)
+    upd, loss = np.zeros(plan.cluster.num_devices), np.zeros(plan.cluster.num_devices)
+    loss_devs = set()
+    for e in report.events:
+        if e.phase == "update":
+            np.add.at(upd, list(e.devices), e.end - e.start)
+        elif e.phase == "loss" and not e.comm:
+            np.add.at(loss, list(e.devices), e.end - e.start)
+            loss_devs.update(e.devices)
+    return ([(r["optimizer"] - upd[d]) / counts[d] for d, r in enumerate(ranks) if counts[d]],
+            [r["loss"] - loss[d] for d, r in enumerate(ranks) if d in loss_devs])
+
+
+def _between(pass_seconds: float, tasks: Sequence[float]) -> float:
+    """A pass's time outside the tasks it prices (the executor's loop, freeing values, the
+    passes of parallel ops that make no call), shared by those tasks: each task's share."""
+    return max(0.0, pass_seconds - sum(tasks)) / len(tasks) if tasks else 0.0
+
+
+def _least_calls(cluster: ClusterSpec, per_rank: Sequence[Sequence[Sequence[tuple[tuple, float, tuple]]]]
+                 ) -> list[tuple[ClusterSpec, tuple[CallMove, ...], float]]:
+    """Each call of a plan's steps (``per_rank``: rank by rank, step by step, its calls as
+    (key, seconds, moves)): the moves of every rank taking part (a message once, though its
+    sender and its receiver both list it), and the median over the steps of the least time
+    a rank spent in it (a rank that came early waited for the others)."""
+    least: dict[tuple, list[float]] = {}
+    moves: dict[tuple, Counter] = {}
+    for steps in per_rank:
+        for s, made in enumerate(steps):
+            for key, seconds, mv in made:
+                times = least.setdefault(key, [])
+                times += [math.inf] * (s + 1 - len(times))
+                times[s] = min(times[s], seconds)
+                if s == 0:
+                    moves[key] = moves.get(key, Counter()) | Counter(mv)
+    return [(cluster, tuple(sorted(moves[key].elements(), key=repr)),
+             statistics.median(t for t in times if t < math.inf))
+            for key, times in sorted(least.items(), key=lambda kv: repr(kv[0])) if key in moves]
 
 
 # ---------------------------------------------------------------------------
@@ -583,13 +704,14 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
     pieces = distinct_pieces(plan_graphs(models, cluster, batch_size, plans), dtype)
     entries, skipped, failed = measure_compute(pieces, bk, policy, progress if rank == 0 else None, device, dtype)
     overheads = measure_overheads(bk)
+    situ = None
     if plans:  # the plans' own pieces, timed inside training steps, replace their isolated times
         situ = measure_in_situ(plans, dtype, overheads[0] if overheads else 0.0, device=device)
-        for key, e in situ.items():
+        for key, e in situ.entries.items():
             alone = entries.get(key)
             if alone is not None:
                 e["alone_fwd_s"], e["alone_bwd_s"] = alone["fwd_s"], alone["bwd_s"]
-        entries.update(situ)
+        entries.update(situ.entries)
     comm_doc: dict[str, Any] = {"hosts": 1, "links": {}, "collectives": {}}
     if comm is not None:
         comm.barrier()
@@ -605,11 +727,20 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
                            f"this one is a {device.kind.value}")
     if overheads is not None:
         dev["dispatch_s"], dev["update_s"], dev["loss_s"] = overheads
+    if situ is not None:   # what the plans' steps paid replaces the probes' figures
+        dev["update_s"] = {**dev.get("update_s", {}), **situ.update}
+        if situ.loss is not None:
+            dev["loss_s"] = situ.loss
+        if situ.parallel_task is not None:
+            dev["parallel_task_s"] = situ.parallel_task
     table = dev["dtypes"].setdefault(dtype.value, {})
     kept -= sum(1 for k in entries if k in table)
     table.update(entries)
-    if comm is not None:
+    if comm is not None:   # a call's overhead is over the fits: measured again with them, or dropped
         doc["comm"] = {"device_type": device.name, "device_kind": device.kind.value, "ranks": ranks, **comm_doc}
+        over = situ.call_overhead(Profile.from_json(doc)) if situ is not None else None
+        if over is not None:
+            doc["comm"]["call_overhead_s"] = over
     doc["machine"] = machine_info(bk)
     doc["settings"] = {"cluster": cluster.name, "device_type": device.name, "dtype": dtype.value,
                        "models": list(models), "plans": list(plans), "batch_size": batch_size,

@@ -97,6 +97,12 @@ class Executor:
         self.loss_count = loss_count(loss, program.pcg.shape(program.output).sizes)
         self.timings: dict[tuple[int, str], list[float]] | None = None
         """Set to a dict to record each compute task's seconds per (node, "fwd" | "bwd")."""
+        self.own_work: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        """With ``timings``: per (node, "fwd" | "bwd") of a parallel op whose pass makes a call,
+        the pass's seconds and those of them inside the communicator (the rest is the
+        executor's own work around its calls: buffers, copies, the calls' bookkeeping)."""
+        self.pass_seconds: dict[str, list[float]] = {}
+        """With ``timings``: the seconds of each forward and backward pass over the tasks."""
         self.clock: StepClock | None = None
         """Set to time each step's phases (``phases.py``); the caller closes each step."""
 
@@ -132,20 +138,26 @@ class Executor:
         clock = self.clock
         if clock:
             clock.start()
+        t0 = time.perf_counter()
         for k, m in enumerate(self.mine):
             if fault and k == half:
                 raise RunError(fault)
             self._guard(m, self._forward)
             for ref in m.free:
                 self.values.pop(ref, None)
+        if self.timings is not None:
+            self.pass_seconds.setdefault("fwd", []).append(time.perf_counter() - t0)
         if clock:
             clock.lap("fwd_compute", "fwd_comm")
         loss = self._loss_step(target)
         if clock:  # the loss's gathering and all-reduce (waiting for the other ranks) is communication
             clock.lap("loss", "fwd_comm")
+        t0 = time.perf_counter()
         for m in reversed(self.mine):
             if m.active:
                 self._guard(m, self._backward)
+        if self.timings is not None:
+            self.pass_seconds.setdefault("bwd", []).append(time.perf_counter() - t0)
         self.values = {}
         if clock:
             clock.lap("bwd_compute", "bwd_comm")
@@ -162,13 +174,16 @@ class Executor:
     def _guard(self, m: _Mine, fn: Callable[[_Mine], None]) -> None:
         """Run ``fn(m)``; a failure becomes a RunError naming the node."""
         try:
-            if self.timings is not None and m.task is not None and m.task.assemble is Assemble.KERNEL:
-                t0 = time.perf_counter()
+            if self.timings is None:
                 fn(m)
-                key = (m.step.node, "fwd" if fn == self._forward else "bwd")
-                self.timings.setdefault(key, []).append(time.perf_counter() - t0)
                 return
+            t0, talk = time.perf_counter(), self.comm.seconds
             fn(m)
+            spent, key = time.perf_counter() - t0, (m.step.node, "fwd" if fn == self._forward else "bwd")
+            if m.task is not None and m.task.assemble is Assemble.KERNEL:
+                self.timings.setdefault(key, []).append(spent)
+            elif self.p.pcg.nodes[m.step.node].spec.is_parallel_op and self.comm.seconds > talk:
+                self.own_work.setdefault(key, []).append((spent, self.comm.seconds - talk))
         except RunError:
             raise
         except Exception as e:

@@ -62,22 +62,35 @@ class ByteCounter:
 def count_call(counter: ByteCounter, name: str, rank: int, size: int, args: Sequence[Any]) -> None:
     """Count what data-plane call ``name`` of :class:`~.comm.Comm` with (positional) ``args``
     makes ``rank`` (of ``size``) send; arrays are read for their ``nbytes`` only."""
+    for kind, group, nbytes, root in call_moves(name, rank, size, args):
+        counter.add(kind, nbytes, group, rank, root)
+
+
+CallMove = tuple[Collective, tuple[int, ...], int, int]
+"""One move a call takes part in, as the cost model writes it (``cost.moves.Move``): its kind,
+its ranks (a message's sender first), its bytes (a piece's, for an all-gather or a
+reduce-scatter) and its root (-1 where it has none)."""
+
+
+def call_moves(name: str, rank: int, size: int, args: Sequence[Any]) -> list[CallMove]:
+    """The moves data-plane call ``name`` with (positional) ``args`` makes ``rank`` (of
+    ``size``) take part in: an exchange's messages, sent and received, or its collective."""
     match name:
         case "exchange":
-            for dest, buf in args[0]:
-                counter.add(Collective.P2P, _nbytes(buf), (rank, dest), rank)
+            return ([(Collective.P2P, (rank, dest), _nbytes(buf), -1) for dest, buf in args[0]]
+                    + [(Collective.P2P, (src, rank), _nbytes(buf), -1) for src, buf in args[1]])
         case "allreduce":
-            counter.add(Collective.ALL_REDUCE, _nbytes(args[1]), args[0], rank)
+            return [(Collective.ALL_REDUCE, tuple(args[0]), _nbytes(args[1]), -1)]
         case "reduce":
-            counter.add(Collective.REDUCE, _nbytes(args[1]), args[0], rank, args[2])
+            return [(Collective.REDUCE, tuple(args[0]), _nbytes(args[1]), args[2])]
         case "bcast":
-            counter.add(Collective.BROADCAST, _nbytes(args[1]), args[0], rank, args[2])
+            return [(Collective.BROADCAST, tuple(args[0]), _nbytes(args[1]), args[2])]
         case "allgather":
-            counter.add(Collective.ALL_GATHER, _nbytes(args[1]), args[0], rank)
+            return [(Collective.ALL_GATHER, tuple(args[0]), _nbytes(args[1]), -1)]
         case "reduce_scatter":
-            counter.add(Collective.REDUCE_SCATTER, _nbytes(args[2]), args[0], rank)
+            return [(Collective.REDUCE_SCATTER, tuple(args[0]), _nbytes(args[2]), -1)]
         case "sum_host":
-            counter.add(Collective.ALL_REDUCE, LOSS_VALUE_BYTES, tuple(range(size)), rank)
+            return [(Collective.ALL_REDUCE, tuple(range(size)), LOSS_VALUE_BYTES, -1)]
         case _:
             raise AssertionError(name)
 
@@ -102,6 +115,8 @@ class TimedComm:
         self.seconds = 0.0
         self.sent = ByteCounter()
         self.calls: list[Call] | None = None     # None: no step clock, nothing kept
+        self.moves: list[tuple[CallMove, ...]] | None = None
+        """Set to a list (with a step clock) to keep, beside each kept call, the moves it makes."""
         self._made: dict[tuple, int] = {}
         for name in _DATA_PLANE:
             setattr(self, name, self._timed(name, getattr(comm, name)))
@@ -109,6 +124,8 @@ class TimedComm:
     def new_step(self) -> None:
         """Start numbering the calls afresh (each step makes the same calls)."""
         self.calls, self._made = [], {}
+        if self.moves is not None:
+            self.moves = []
 
     def _key(self, name: str, args: Sequence[Any]) -> tuple | None:
         """The ranks a call takes part with, and how many calls on those ranks came before it
@@ -132,7 +149,9 @@ class TimedComm:
 
     def _timed(self, name: str, call: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            count_call(self.sent, name, self._comm.rank, self._comm.size, args)
+            made = call_moves(name, self._comm.rank, self._comm.size, args)
+            for kind, group, nbytes, root in made:
+                self.sent.add(kind, nbytes, group, self._comm.rank, root)
             key = None if self.calls is None else self._key(name, args)
             t0 = time.perf_counter()
             try:
@@ -142,6 +161,8 @@ class TimedComm:
                 self.seconds += spent
                 if key is not None and self.calls is not None:
                     self.calls.append((key, spent))
+                    if self.moves is not None:
+                        self.moves.append(tuple(made))
         return timed
 
     def __getattr__(self, name: str) -> Any:

@@ -246,12 +246,13 @@ class _Pricer:
             return 0.0, 0.0
         pcg = b.build([y])
         # The cost model's per-node prices, as estimate() takes them (no step simulation
-        # needed), of the resharding's nodes only: not the stand-in producer's weight sync,
+        # needed; a parallel op's compute is the executor's own work around its calls), of
+        # the resharding's nodes only: not the stand-in producer's weight sync,
         # nor the loss this tiny graph ends in.
         ctx = CostContext.of(pcg, self.cluster, self.config)
         views = default_views(pcg)
         costs = [node_cost(ctx, i, views) for i in range(first, len(pcg))]
-        seconds = sum(c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
+        seconds = sum(c.compute_fwd + c.compute_bwd + c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
         if kind is not Tensor.ACTIVATION:
             return seconds, 0.0       # a weight's pieces are counted with the operator that reads them
         devs = [views[i].devices(n.outputs[0]) if i >= first else () for i, n in pcg]   # the resharding's only
