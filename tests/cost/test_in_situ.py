@@ -65,29 +65,31 @@ def test_a_call_is_the_fastest_ranks_time_and_holds_each_message_once(cluster):
     ex = ("p2p", 0, 1), 0
     ar = ("group", 0, 1), 0
     send, back = (P2P, (0, 1), 64, -1), (P2P, (1, 0), 32, -1)
-    rank0 = [[(ex, 5e-5, (send, send, back)), (ar, 3e-5, ((AR, (0, 1), 8, -1),))],
-             [(ex, 4e-5, (send, send, back)), (ar, 9e-5, ((AR, (0, 1), 8, -1),))],
-             [(ex, 6e-5, (send, send, back)), (ar, 2e-5, ((AR, (0, 1), 8, -1),))]]
-    rank1 = [[(ex, 1e-5, (back, send, send)), (ar, 4e-5, ((AR, (0, 1), 8, -1),))],
-             [(ex, 7e-5, (back, send, send)), (ar, 1e-5, ((AR, (0, 1), 8, -1),))],
-             [(ex, 2e-5, (back, send, send)), (ar, 5e-5, ((AR, (0, 1), 8, -1),))]]
-    calls = dict((m, t) for _, m, t in _least_calls(cluster, [rank0, rank1]))
-    assert calls[tuple(sorted((send, send, back), key=repr))] == pytest.approx(2e-5)   # min 1, 4, 2 -> median 2
-    assert calls[((AR, (0, 1), 8, -1),)] == pytest.approx(2e-5)                       # min 3, 1, 2
+    rank0 = [[(ex, "fwd", 5e-5, (send, send, back)), (ar, "sync", 3e-5, ((AR, (0, 1), 8, -1),))],
+             [(ex, "fwd", 4e-5, (send, send, back)), (ar, "sync", 9e-5, ((AR, (0, 1), 8, -1),))],
+             [(ex, "fwd", 6e-5, (send, send, back)), (ar, "sync", 2e-5, ((AR, (0, 1), 8, -1),))]]
+    rank1 = [[(ex, "fwd", 1e-5, (back, send, send)), (ar, "sync", 4e-5, ((AR, (0, 1), 8, -1),))],
+             [(ex, "fwd", 7e-5, (back, send, send)), (ar, "sync", 1e-5, ((AR, (0, 1), 8, -1),))],
+             [(ex, "fwd", 2e-5, (back, send, send)), (ar, "sync", 5e-5, ((AR, (0, 1), 8, -1),))]]
+    calls = {m: (phase, t) for _, phase, m, t in _least_calls(cluster, [rank0, rank1])}
+    assert calls[tuple(sorted((send, send, back), key=repr))] == ("fwd", pytest.approx(2e-5))   # min 1, 4, 2
+    assert calls[((AR, (0, 1), 8, -1),)] == ("sync", pytest.approx(2e-5))                       # min 3, 1, 2
     assert len(calls) == 2
 
 
 def test_a_calls_overhead_is_its_mean_excess_over_the_fits(cluster):
     """The fits price an exchange of 1,000 B each way at 10 us + 1 us, an all-reduce of 1,000 B
-    at 21 us: calls that took 5 us and 15 us more give 10 us; calls faster than their fit, 0."""
+    at 21 us: forward calls that took 5 us and 15 us more give 10 us in the forward phase, a
+    gradient all-reduce 30 us more 30 us in the sync; calls faster than their fit, 0."""
     prof = _fitted()
     ex = ((P2P, (0, 1), 1000, -1), (P2P, (1, 0), 1000, -1))
     ar = ((AR, (0, 1), 1000, -1),)
     assert phase_seconds([Move(k, "fwd", g, n) for k, g, n, _ in ex], cluster, prof)["fwd"] == pytest.approx(1.1e-5)
-    situ = InSitu({}, None, {}, None, ((cluster, ex, 1.1e-5 + 5e-6), (cluster, ar, 2.1e-5 + 1.5e-5)))
-    assert situ.call_overhead(prof) == pytest.approx(1e-5)
-    assert InSitu({}, None, {}, None, ((cluster, ar, 1e-5),)).call_overhead(prof) == 0.0
-    assert InSitu({}, None, {}, None).call_overhead(prof) is None
+    situ = InSitu({}, None, {}, None, ((cluster, "fwd", ex, 1.1e-5 + 5e-6), (cluster, "fwd", ar, 2.1e-5 + 1.5e-5),
+                                       (cluster, "sync", ar, 2.1e-5 + 3e-5)))
+    assert situ.call_overhead(prof) == {"fwd": pytest.approx(1e-5), "sync": pytest.approx(3e-5)}
+    assert InSitu({}, None, {}, None, ((cluster, "bwd", ar, 1e-5),)).call_overhead(prof) == {"bwd": 0.0}
+    assert InSitu({}, None, {}, None).call_overhead(prof) == {}
 
 
 def test_the_optimizer_and_the_loss_keep_what_their_bandwidth_terms_do_not_explain(mlp, tmp_path, cluster):
@@ -142,7 +144,8 @@ def test_mpiexec_profiles_a_tensor_parallel_plans_own_work_and_calls(mlp, tmp_pa
                        capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout.strip().splitlines()[-1])
-    assert doc["comm"]["call_overhead_s"] >= 0
+    over = doc["comm"]["call_overhead_s"]
+    assert {"fwd", "bwd", "loss"} <= set(over) and all(t >= 0 for t in over.values())
     prof = load_profile(out)
     dev = prof.to_json()["compute"]["cpu-core"]
     assert 0 < dev["parallel_task_s"] < 0.05

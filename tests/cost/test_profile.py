@@ -455,24 +455,29 @@ def test_parallel_op_tasks_pay_the_executors_own_work_as_compute(profiled, mlp, 
 
 
 def test_every_call_pays_the_profiles_call_overhead(profiled, cluster):
-    """``comm.call_overhead_s`` is added once per call the runtime makes: one exchange for a
-    phase's messages, one call per class of collectives (disjoint groups run at once)."""
+    """``comm.call_overhead_s`` of a phase is added once per call the runtime makes in it: one
+    exchange for a phase's messages, one call per class of collectives (disjoint groups run
+    at once); a phase it was not measured in pays the mean of those it was."""
     from unity_cli.cluster.collectives import Collective  # noqa: PLC0415
     from unity_cli.cost.moves import Move, phase_seconds  # noqa: PLC0415
 
     doc = profiled.to_json()
-    doc["comm"]["call_overhead_s"] = 1e-5
+    doc["comm"]["call_overhead_s"] = {"fwd": 1e-5, "bwd": 2e-5}
     over = Profile.from_json(doc)
     moves = [Move(Collective.P2P, "fwd", (0, 1), 4096), Move(Collective.P2P, "fwd", (1, 0), 4096),
              Move(Collective.ALL_REDUCE, "fwd", (0, 1), 1024), Move(Collective.ALL_GATHER, "bwd", (0, 1), 512),
              Move(Collective.ALL_REDUCE, "bwd", (0, 1), 1024)]
     base, more = phase_seconds(moves, cluster, profiled), phase_seconds(moves, cluster, over)
     assert more["fwd"] == pytest.approx(base["fwd"] + 2e-5)      # the exchange and the all-reduce
-    assert more["bwd"] == pytest.approx(base["bwd"] + 2e-5)      # two collectives
+    assert more["bwd"] == pytest.approx(base["bwd"] + 4e-5)      # two collectives
     assert phase_seconds([], cluster, over) == {}
-    assert over.call_overhead == 1e-5 and profiled.call_overhead == 0.0
-    doc["comm"]["call_overhead_s"] = -1.0
-    with pytest.raises(ProfileError, match=r"comm\.call_overhead_s: expected a non-negative number"):
+    assert (over.call_overhead("fwd"), over.call_overhead("sync")) == (1e-5, pytest.approx(1.5e-5))
+    assert profiled.call_overhead("fwd") == 0.0
+    doc["comm"]["call_overhead_s"] = {"fwd": -1.0}
+    with pytest.raises(ProfileError, match=r"comm\.call_overhead_s\.fwd: expected a non-negative number"):
+        Profile.from_json(doc)
+    doc["comm"]["call_overhead_s"] = {"update": 1e-5}
+    with pytest.raises(ProfileError, match=r"comm\.call_overhead_s\.update: unknown phase"):
         Profile.from_json(doc)
     doc["comm"].pop("call_overhead_s")
     doc["compute"]["cpu-core"]["parallel_task_s"] = "fast"

@@ -378,7 +378,8 @@ def phase_seconds(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile 
     """Seconds of each phase's moves: a step's point-to-point messages are posted together
     (:func:`p2p_seconds`), then its collectives run, the same kind over disjoint groups at
     once (:func:`~unity_cli.cost.comm.groups_time`). Each of these calls also pays the
-    profile's ``call_overhead`` (the runtime's work in a call beyond its transfer)."""
+    profile's ``call_overhead`` of its phase (the runtime's work in a call beyond its
+    transfer)."""
     by_phase: dict[str, list[Move]] = defaultdict(list)
     for m in moves:
         by_phase[m.phase].append(m)
@@ -394,7 +395,7 @@ def phase_seconds(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile 
             whole = nb * g if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER) else nb
             t += groups_time(kind, whole, cluster, groups, profile)
         if profile is not None:
-            t += profile.call_overhead * (len(classes) + any(m.kind is Collective.P2P for m in ms))
+            t += profile.call_overhead(phase) * (len(classes) + any(m.kind is Collective.P2P for m in ms))
         out[phase] = t
     return out
 

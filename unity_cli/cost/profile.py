@@ -19,7 +19,7 @@ so that save -> load -> save is byte-identical and its SHA-256 names one measure
                                "loss_s": s,                     # optional: per step
                                "parallel_task_s": s}},          # optional: per pass of a parallel op that moves data
      "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
-              "call_overhead_s": s,                             # optional: per data-plane call
+              "call_overhead_s": {PHASE: s},                    # optional: per data-plane call
               "links": {LINK KIND: {"latency_s": s, "bandwidth_Bps": b, "samples": [[bytes, s], ...]}},
               "collectives": {COLLECTIVE: {LINK KIND: {"ranks": p, "alpha_s": s, "beta_s_per_byte": s,
                                                        "samples": [[bytes, s], ...]}}}}}
@@ -56,9 +56,12 @@ links' fits, in the plan's own steps (``profiling/profiler.py``, :func:`measure_
 bandwidth terms the cost model adds, per weight piece and per step; ``parallel_task_s``
 is what the executor spends on one pass of a parallel op's task outside the
 communicator (buffers, copies, the calls' bookkeeping), which the runtime counts as
-compute; and ``comm.call_overhead_s`` is the median excess of a data-plane call in a step
+compute; and ``comm.call_overhead_s`` is the mean excess of a data-plane call in a step
 over what the fits price it at (the least time any rank spent in it, so waiting for a
-late rank is not counted), which the cost model adds to every call it prices.
+late rank is not counted), per phase of the step (``fwd``, ``bwd``, ``loss``, ``sync``:
+a call after a long stretch of compute costs more than one among others), which the
+cost model adds to every call it prices in that phase (in a phase it was not measured
+in, the mean of those it was).
 
 Only ``compute`` and ``comm`` feed the cost model; ``machine`` and ``settings`` reach a
 plan only through the profile's content hash.
@@ -94,6 +97,7 @@ LINK_KINDS = (INTRA_NODE, INTER_NODE)
 COLLECTIVES = tuple(c.value for c in Collective)
 PROFILE_DIR_ENV = "UNITY_PROFILE_DIR"
 _TOP_KEYS = ("comm", "compute", "format", "machine", "settings")
+CALL_PHASES = ("fwd", "bwd", "loss", "sync")
 _FLOAT_DTYPES = tuple(d.value for d in DType if d.is_float)
 
 
@@ -213,7 +217,7 @@ class Profile:
     _collectives: Mapping[tuple[str, str], CollectiveFit] = field(init=False, repr=False)
     _types: frozenset[tuple[str, str]] = field(init=False, repr=False)
     _overheads: Mapping[tuple[str, str], Overheads] = field(init=False, repr=False)
-    _call_overhead: float = field(init=False, repr=False)
+    _call_overhead: Mapping[str, float] = field(init=False, repr=False)
     _calibrations: Mapping[tuple[str, str, str], Mapping[str, tuple[Calibration, Calibration]]] = field(
         init=False, repr=False)
     _hash: int = field(init=False, repr=False)
@@ -222,7 +226,9 @@ class Profile:
         data = json.loads(self.text)
         ops, links, colls, comm_type, overheads = _validate(data)
         object.__setattr__(self, "_overheads", MappingProxyType(overheads))
-        object.__setattr__(self, "_call_overhead", float(data["comm"].get("call_overhead_s", 0.0)))
+        over = data["comm"].get("call_overhead_s", {})
+        object.__setattr__(self, "_call_overhead", MappingProxyType(
+            {**dict.fromkeys(CALL_PHASES, statistics.fmean(over.values()) if over else 0.0), **over}))
         digest = hashlib.sha256(self.text.encode()).hexdigest()
         object.__setattr__(self, "sha256", digest)
         object.__setattr__(self, "_hash", int(digest[:16], 16))
@@ -301,10 +307,10 @@ class Profile:
         o = self._overhead(device)
         return o.parallel_task if o.parallel_task is not None else o.dispatch / 2
 
-    @property
-    def call_overhead(self) -> float:
-        """Seconds a data-plane call in a step takes beyond what the fits price it at."""
-        return self._call_overhead
+    def call_overhead(self, phase: str) -> float:
+        """Seconds a data-plane call in ``phase`` of a step (``fwd``, ``bwd``, ``loss``,
+        ``sync``) takes beyond what the fits price it at (0 if not measured)."""
+        return self._call_overhead.get(phase, 0.0)
 
     def link(self, kind: str) -> LinkFit | None:
         """The measured point-to-point link of a kind (``intra-node``/``inter-node``)."""
@@ -533,7 +539,10 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
     comm = _obj(data["comm"], "comm")
     _keys(comm, "comm", ("collectives", "device_kind", "device_type", "hosts", "links", "ranks"),
           ("call_overhead_s",))
-    _num(comm.get("call_overhead_s", 0.0), "comm.call_overhead_s")
+    for phase, t in _obj(comm.get("call_overhead_s", {}), "comm.call_overhead_s").items():
+        if phase not in CALL_PHASES:
+            raise ProfileError(f"comm.call_overhead_s.{phase}: unknown phase (expected {', '.join(CALL_PHASES)})")
+        _num(t, f"comm.call_overhead_s.{phase}")
     if comm["device_type"] is not None and not isinstance(comm["device_type"], str):
         raise ProfileError(f"comm.device_type: expected a device type name or null, got {comm['device_type']!r}")
     if comm["device_kind"] not in ("cpu", "gpu", None):

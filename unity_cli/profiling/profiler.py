@@ -149,7 +149,8 @@ class ProfileRun:
             if "parallel_task_s" in dev:
                 parts.append(f"parallel op {dev['parallel_task_s'] * 1e6:.1f} us per pass")
             if "call_overhead_s" in comm:
-                parts.append(f"{comm['call_overhead_s'] * 1e6:.1f} us per call beyond its fit")
+                over = ", ".join(f"{t * 1e6:.1f} in {ph}" for ph, t in sorted(comm["call_overhead_s"].items()))
+                parts.append(f"per call beyond its fit (us) {over}")
             lines.append("in steps " + "; ".join(parts))
         kept = f" (kept {self.kept} earlier entries)" if self.kept else ""
         lines.append(f"wrote    {path}{kept}")
@@ -436,19 +437,20 @@ class InSitu:
     parallel_task: float | None                 # a parallel op's pass, outside the communicator
     update: dict[str, float]                    # optimizer -> per weight piece, less the bandwidth terms
     loss: float | None                          # a step's loss, less its bandwidth term
-    calls: tuple[tuple[ClusterSpec, tuple[CallMove, ...], float], ...] = ()
-    """Each data-plane call of a step: its plan's cluster, the moves of every rank taking
-    part, and the least seconds any of them spent in it (the median over the steps)."""
+    calls: tuple[tuple[ClusterSpec, str, tuple[CallMove, ...], float], ...] = ()
+    """Each data-plane call of a step: its plan's cluster, the phase of the step it is made
+    in (as ``cost.moves.Move`` names it), the moves of every rank taking part, and the least
+    seconds any of them spent in it (the median over the steps)."""
 
-    def call_overhead(self, profile: Profile) -> float | None:
-        """The mean excess of the steps' calls over what ``profile``'s fits price them at
-        (None: no calls were made): the mean, so that a phase's calls add up to what they took."""
-        if not self.calls:
-            return None
-        excess = [least - phase_seconds([Move(k, "fwd", g if k is Collective.P2P else tuple(sorted(g)), n, r)
-                                         for k, g, n, r in moves], cluster, profile).get("fwd", 0.0)
-                  for cluster, moves, least in self.calls]
-        return max(0.0, statistics.fmean(excess))
+    def call_overhead(self, profile: Profile) -> dict[str, float]:
+        """Per phase of the step, the mean excess of its calls over what ``profile``'s fits
+        price them at (the mean, so that a phase's calls add up to what they took)."""
+        excess: dict[str, list[float]] = {}
+        for cluster, phase, moves, least in self.calls:
+            priced = phase_seconds([Move(k, phase, g if k is Collective.P2P else tuple(sorted(g)), n, r)
+                                    for k, g, n, r in moves], cluster, profile)
+            excess.setdefault(phase, []).append(least - priced.get(phase, 0.0))
+        return {phase: max(0.0, statistics.fmean(v)) for phase, v in sorted(excess.items())}
 
 
 def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: int = 12,
@@ -489,7 +491,8 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
             ex.step(batch.inputs, job.xp.asarray(batch.labels))
             comm.sync()
             clock.stop(time.perf_counter() - t0)
-            made.append([(key, sec, mv) for (key, sec), mv in zip(comm.calls or (), comm.moves, strict=True)])
+            made.append([(key, _CALL_PHASE[lap], sec, mv)
+                         for (key, sec), mv, lap in zip(comm.calls or (), comm.moves, clock.laps[-1], strict=True)])
             if s == 1:  # the first steps warm up
                 ex.timings, ex.own_work, ex.pass_seconds = {}, {}, {}
         kept = clock.steps[2:] or clock.steps
@@ -560,23 +563,31 @@ def _between(pass_seconds: float, tasks: Sequence[float]) -> float:
     return max(0.0, pass_seconds - sum(tasks)) / len(tasks) if tasks else 0.0
 
 
-def _least_calls(cluster: ClusterSpec, per_rank: Sequence[Sequence[Sequence[tuple[tuple, float, tuple]]]]
-                 ) -> list[tuple[ClusterSpec, tuple[CallMove, ...], float]]:
+_CALL_PHASE = {"fwd_compute": "fwd", "loss": "loss", "bwd_compute": "bwd", "optimizer": "sync"}
+"""The step clock's laps (``runtime/phases.py``, by their compute phase) as the phases of the
+cost model's moves: the loss's lap makes the loss's gathering and sum, the optimizer's the
+gradient all-reduces."""
+
+
+def _least_calls(cluster: ClusterSpec, per_rank: Sequence[Sequence[Sequence[tuple[tuple, str, float, tuple]]]]
+                 ) -> list[tuple[ClusterSpec, str, tuple[CallMove, ...], float]]:
     """Each call of a plan's steps (``per_rank``: rank by rank, step by step, its calls as
-    (key, seconds, moves)): the moves of every rank taking part (a message once, though its
-    sender and its receiver both list it), and the median over the steps of the least time
-    a rank spent in it (a rank that came early waited for the others)."""
+    (key, phase, seconds, moves)): its phase, the moves of every rank taking part (a message
+    once, though its sender and its receiver both list it), and the median over the steps
+    of the least time a rank spent in it (a rank that came early waited for the others)."""
     least: dict[tuple, list[float]] = {}
     moves: dict[tuple, Counter] = {}
+    phases: dict[tuple, str] = {}
     for steps in per_rank:
         for s, made in enumerate(steps):
-            for key, seconds, mv in made:
+            for key, phase, seconds, mv in made:
                 times = least.setdefault(key, [])
                 times += [math.inf] * (s + 1 - len(times))
                 times[s] = min(times[s], seconds)
                 if s == 0:
                     moves[key] = moves.get(key, Counter()) | Counter(mv)
-    return [(cluster, tuple(sorted(moves[key].elements(), key=repr)),
+                    phases[key] = phase
+    return [(cluster, phases[key], tuple(sorted(moves[key].elements(), key=repr)),
              statistics.median(t for t in times if t < math.inf))
             for key, times in sorted(least.items(), key=lambda kv: repr(kv[0])) if key in moves]
 
@@ -738,8 +749,8 @@ def run_profile(models: Sequence[str], cluster: ClusterSpec, *, batch_size: int 
     table.update(entries)
     if comm is not None:   # a call's overhead is over the fits: measured again with them, or dropped
         doc["comm"] = {"device_type": device.name, "device_kind": device.kind.value, "ranks": ranks, **comm_doc}
-        over = situ.call_overhead(Profile.from_json(doc)) if situ is not None else None
-        if over is not None:
+        over = situ.call_overhead(Profile.from_json(doc)) if situ is not None else {}
+        if over:
             doc["comm"]["call_overhead_s"] = over
     doc["machine"] = machine_info(bk)
     doc["settings"] = {"cluster": cluster.name, "device_type": device.name, "dtype": dtype.value,

@@ -177,13 +177,15 @@ class StepClock:
         self.steps: list[dict[str, float]] = []
         self.calls: list[tuple[tuple[str, tuple, float], ...]] = []   # step by step: (phase, key, seconds)
         self.sent: list[Fraction] = []          # bytes this rank sent, step by step
+        self.laps: list[tuple[str, ...]] = []   # step by step, beside each call: its lap's compute phase
         self._wall = self._comm = 0.0
         self._sent0 = Fraction(0)
         self._now: dict[str, float] = {}
         self._calls: list[tuple[str, tuple, float]] = []
+        self._laps: list[str] = []
 
     def start(self) -> None:
-        self._now, self._calls = {}, []
+        self._now, self._calls, self._laps = {}, [], []
         self.comm.new_step()
         self._wall, self._comm = time.perf_counter(), self.comm.seconds
         self._sent0 = self.comm.sent.total
@@ -200,6 +202,7 @@ class StepClock:
             self._now[compute] = self._now.get(compute, 0.0) + total - talk
         made = (self.comm.calls or [])[len(self._calls):]
         self._calls += [(comm or compute, key, seconds) for key, seconds in made]
+        self._laps += [compute] * len(made)
         self._wall, self._comm = wall, spent
 
     def stop(self, step_seconds: float) -> None:
@@ -207,6 +210,7 @@ class StepClock:
         self._now["other"] = max(0.0, step_seconds - sum(self._now.values()))
         self.steps.append(self._now)
         self.calls.append(tuple(self._calls))
+        self.laps.append(tuple(self._laps))
         self.sent.append(self.comm.sent.total - self._sent0)
 
     def medians_ms(self) -> dict[str, float]:
