@@ -206,3 +206,36 @@ def test_fusions_wait_for_the_parallelization_and_unity_is_never_behind_taso(clu
     for other in ("parallel_only", "algebraic_then_parallel"):
         assert unity <= res.candidates[other].report.step_time * (1 + 1e-9), other
     assert any(a.rule_name.endswith("-fused") for a in res.rewrites)
+
+
+def test_after_the_search_every_activation_that_saves_time_is_fused(tmp_path, cluster_dir, rules, monkeypatch):
+    """The pass after the search: on a data-parallel MLP every ReLU after a Linear runs inside
+    it, each fusion recorded with the time it bought; priced slower, none is applied."""
+    from dataclasses import replace
+
+    from unity_cli import zoo
+    from unity_cli.cost.model import estimate
+    from unity_cli.search import joint
+    from unity_cli.search.baselines import data_parallel
+    from unity_cli.search.views import default_views
+
+    path = tmp_path / "mlp.onnx"
+    zoo.write("mlp", path, "small", weights=False)
+    cluster = load_cluster(cluster_dir / "dgx-a100-8.yaml")
+    dp = data_parallel(import_model(path, ImportOptions(batch_size=64)).pcg, cluster).pcg
+    views = default_views(dp)
+    before = estimate(dp, views, cluster, CostConfig())
+    start = joint.Found(dp, views, before, "data_parallel")
+
+    def relus(g):
+        return sum(1 for _, n in g if n.kind == "Unary" and n.op.fn == "Relu")
+
+    fused, priced = joint.fuse_activations(start, cluster, CostConfig(), rules)
+    assert relus(dp) >= 4 and relus(fused.pcg) == 0 and priced >= relus(dp)
+    assert len(fused.path) == relus(dp) and all(a.rule_name.endswith("-fused") for a in fused.path)
+    assert all(dict(a.bought)["step_ms"] > 0 for a in fused.path)
+    assert fused.report.step_time < before.step_time
+    assert fused.report == estimate(fused.pcg, default_views(fused.pcg), cluster, CostConfig())
+    slower = replace(before, step_time=before.step_time * 2)
+    monkeypatch.setattr(joint, "estimate", lambda *_: slower)
+    assert joint.fuse_activations(start, cluster, CostConfig(), rules)[0] is start

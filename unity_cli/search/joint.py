@@ -244,3 +244,59 @@ class SolvedSearch(JointSearch):
         found = super().run(starts)
         solved = self.solve(found.pcg)
         return found if solved is None else Found(solved, found.views, found.report, found.start, found.path)
+
+
+def fusing_rules(rules: Sequence[Rule]) -> list[tuple[Rule, bool]]:
+    """The fusion rules read in the direction that fuses (an activation into its product),
+    each with whether that is the stored rule reversed; in id order."""
+    out = []
+    for r in rules:
+        if not r.is_fusion:
+            continue
+        into = any(k == "activation" and v for n in r.dst.nodes for k, v in n.attrs)
+        out.append((r, False) if into else (r.reversed(), True))
+    return sorted(out, key=lambda rr: rr[0].id)
+
+
+def fuse_activations(found: Found, cluster: ClusterSpec, config: CostConfig, rules: Sequence[Rule]
+                     ) -> tuple[Found, int]:
+    """After the search, with its parallelization chosen: every activation that can run
+    inside its product and makes the plan faster so, one at a time, each priced (the
+    polish's patience and its matches per rule leave some unfused on large graphs; each
+    saves a task and a pass over the product's output, and once the graph is parallelized
+    it can no longer take a row split away: an activation after partial sums follows
+    their reduction, so it does not match). Returns the plan and how many graphs it priced."""
+    fusing = fusing_rules(rules)
+    cur, priced, refused = found, 0, set()
+    changed = True
+    while changed:
+        changed = False
+        present = cur.pcg.by_kind.keys()
+        for rule, reverse in fusing:
+            if not {n.kind for n in rule.src.nodes} <= present:
+                continue
+            for m in find_matches(cur.pcg, rule):
+                node = cur.pcg.nodes[m.root]
+                at = node.name or node.kind
+                if (rule.id, at) in refused:
+                    continue
+                check()
+                try:
+                    new = simplify(apply_match(cur.pcg, m, check=False))
+                except RewriteError:
+                    refused.add((rule.id, at))
+                    continue
+                views = default_views(new)
+                rep = estimate(new, views, cluster, config)
+                priced += 1
+                if not (rep.feasible and _faster(rep, cur.report)):
+                    refused.add((rule.id, at))
+                    continue
+                rid = rule.reversed().id if reverse else rule.id
+                step = Applied(rid, rule.name, reverse, at, (), saved(cur.report, rep))
+                cur = Found(new, views, rep, cur.start, cur.path + (step,))
+                changed = True
+                break
+            if changed:
+                break
+    return cur, priced

@@ -40,7 +40,7 @@ from .baselines import (
     is_hybrid,
     parse_hybrid,
 )
-from .joint import Found, JointSearch, SearchStats, SolvedSearch
+from .joint import Found, JointSearch, SearchStats, SolvedSearch, fuse_activations
 from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
 from .solver import Tables, solve
@@ -286,6 +286,8 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
                          max_candidates=scaled_candidates(pcg, rest, POLISH_WORK) if solved else rest,
                          patience=POLISH_PATIENCE if solved else JointSearch.patience)
     found = search.run(starts)
+    found, priced = fuse_activations(found, cluster, config, rules)
+    search.stats.candidates += priced
     return found, stats + search.stats
 
 
