@@ -373,7 +373,8 @@ def verify_rules(max_ops: int, out_path: str | None, timeout_ms: int, jobs: int,
 def _share_cores_as_ranks(devices_per_node: int) -> None:
     """Give this process the BLAS threads one rank of ``unity run`` gets, before numpy starts
     them: under a launcher as its ranks share the node, alone as one of the node's devices
-    (so a CPU device is timed with the cores it will have)."""
+    (so a CPU device is timed with the cores it will have). The environment is where BLAS
+    reads its thread count when it loads: this sets this process's own, once, at start."""
     from .runtime.threads import share_cores
 
     env = dict(os.environ)

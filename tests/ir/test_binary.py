@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from unity_cli.ir.ops.binary import BINARY, VERIFIER
-from unity_cli.ir.ops.elementwise import FROM_ATTRIBUTE, Binary, BinaryAttrs
+from unity_cli.ir.ops.elementwise import FROM_ATTRIBUTE, Binary, BinaryAttrs, binary_backward, binary_forward
 from unity_cli.ir.opspec import Opaque
-from unity_cli.kernels.elementwise import binary_backward, binary_forward
 
 
 def _inputs(fn: str, n: int, rng: np.random.Generator) -> list[np.ndarray]:

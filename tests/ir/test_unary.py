@@ -10,10 +10,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from unity_cli.ir.ops.elementwise import ATTRIBUTE_VARIANTS, Unary, UnaryAttrs
+from unity_cli.ir.ops.elementwise import ATTRIBUTE_VARIANTS, Unary, UnaryAttrs, unary_backward, unary_forward
 from unity_cli.ir.ops.unary import EW_FUNCS, UNARY, VERIFIER
 from unity_cli.ir.opspec import Opaque
-from unity_cli.kernels.elementwise import unary_backward, unary_forward
 
 SAMPLES = {"any": (-2.0, 2.0), "positive": (0.5, 3.0), "away": (0.3, 2.0)}
 

@@ -33,7 +33,9 @@ from typing import Any, ClassVar, Final
 
 from ..errors import ShapeError
 from .dtypes import DType
+from .kernel import Kernel
 from .shapes import ParallelDim, ParallelTensorShape, TensorShape
+from .terms import Axiom, Symbol
 
 
 class OpKind(StrEnum):
@@ -156,12 +158,26 @@ class OpSpec:
     state_inputs: ClassVar[tuple[int, ...]] = ()
     """Inputs that are running statistics, never trained (BatchNormalization's mean and var)."""
     verifier: ClassVar[str | Opaque] = "encoded"
-    """How the z3 verifier sees the op: ``encoded`` (``substitutions/verify.encode`` writes it
-    in the axioms' symbols), or :class:`Opaque` with the reason."""
+    """How the z3 verifier sees the op: ``encoded`` (:meth:`encode` writes it in the
+    signature's symbols), or :class:`Opaque` with the reason."""
+    kernel: ClassVar[Kernel | None] = None
+    """Forward and backward against ``xp`` (``ir/kernel.py``); None where the executor moves
+    the tensors itself (parallel ops, sources)."""
+    symbols: ClassVar[tuple[Symbol, ...]] = ()
+    """The function symbols this op brings into the verifier's signature (``ir/terms.py``)."""
+    axioms: ClassVar[tuple[Axiom, ...]] = ()
+    """The verifier's laws whose left side this op's symbol roots (``ir/terms.py``)."""
     weight_inputs: ClassVar[tuple[int, ...]] = ()
     """Inputs that are the op's parameters when they are constants (a Conv's kernel and bias):
     a tensor computed at import from constants (``ConstantOfShape``, ``Expand``, ``Cast``)
     and read here is a trainable weight; read anywhere else it is a constant."""
+
+    def encode(self, s: Any, attrs: Any, x: Sequence[Any], ins: Sequence[ParallelTensorShape],
+               outs: Sequence[ParallelTensorShape]) -> list[Any] | None:
+        """The verifier's terms of the outputs, from the inputs' terms ``x``, in the symbols
+        of the signature ``s`` (``ir/terms.py``); None where this instance has none (the
+        verifier then sees an uninterpreted function)."""
+        return None
 
     def from_onnx(self, node: Any) -> Imported:
         """Attributes from an ONNX node (see ``onnx_import.convert.OnnxNode``)."""

@@ -1,5 +1,6 @@
-"""Forward and backward kernels for every compute operator, written once against an
-array module ``xp`` (``numpy`` or ``cupy``).
+"""Runs the forward and backward kernels of every compute operator, written once against
+an array module ``xp`` (``numpy`` or ``cupy``) in the operator's own module (each spec's
+``kernel``, ``ir/ops/``), and checks what goes in and out.
 
 ``forward(op, inputs, xp)`` runs the operator whose attrs are ``op`` (a PCG node's
 ``n.op``) and returns its outputs and a context for ``backward(op, ctx, grads, xp)``,
@@ -22,13 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from ..ir.opspec import spec_of
-from . import array_ops, conv, einsum, elementwise, gather_reduce, index_ops, linear, norm, shape  # noqa: F401  (fill KERNELS)
-from .registry import KERNELS, Array, Kernel, KernelError, is_float
+from ..ir import ops  # noqa: F401  (fill the registry)
+from ..ir.kernel import Array, Kernel, KernelError, is_float
+from ..ir.opspec import all_specs, spec_of
 
 __all__ = ["KERNELS", "Array", "Kernel", "KernelError", "backward", "forward", "has_kernel"]
+
+KERNELS = MappingProxyType({kind: spec.kernel for kind, spec in all_specs().items() if spec.kernel is not None})
+"""Every compute operator's kernel, by kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,20 +51,20 @@ def has_kernel(kind: str) -> bool:
     return kind in KERNELS
 
 
-def _kernel(op: Any) -> Kernel:
+def _kernel(op: Any) -> tuple[str, Kernel]:
     kind = spec_of(op).kind
     try:
-        return KERNELS[kind]
+        return kind, KERNELS[kind]
     except KeyError:
         raise KernelError(f"no kernel for operator {kind}") from None
 
 
 def forward(op: Any, inputs: Sequence[Array], xp: Any) -> tuple[list[Array], Any]:
     """Run operator attrs ``op`` on arrays; return ``(outputs, ctx)`` for :func:`backward`."""
-    k = _kernel(op)
+    kind, k = _kernel(op)
     outs, saved = k.forward(op, inputs, xp)
     outs = [xp.asarray(o) for o in outs]  # numpy turns 0-d results into scalars
-    ctx = _Context(k.kind, saved, tuple((x.shape, x.dtype) for x in inputs),
+    ctx = _Context(kind, saved, tuple((x.shape, x.dtype) for x in inputs),
                    tuple((o.shape, o.dtype) for o in outs))
     return outs, ctx
 
@@ -70,11 +75,11 @@ def backward(op: Any, ctx: Any, grad_outputs: Sequence[Array | None], xp: Any,
     ``wanted`` (default: all) marks the inputs whose gradient the caller uses: the others
     come back None, and a selective kernel does not compute them (a product's ``dX`` of a
     graph input is a whole GEMM)."""
-    k = _kernel(op)
-    if not isinstance(ctx, _Context) or ctx.kind != k.kind:
-        raise KernelError(f"{k.kind}: backward got a context that its forward did not make")
+    kind, k = _kernel(op)
+    if not isinstance(ctx, _Context) or ctx.kind != kind:
+        raise KernelError(f"{kind}: backward got a context that its forward did not make")
     if len(grad_outputs) != len(ctx.outputs):
-        raise KernelError(f"{k.kind}: {len(grad_outputs)} output gradients for {len(ctx.outputs)} outputs")
+        raise KernelError(f"{kind}: {len(grad_outputs)} output gradients for {len(ctx.outputs)} outputs")
     live = [g is not None and is_float(dt) for g, (_, dt) in zip(grad_outputs, ctx.outputs)]
     n_in = len(ctx.inputs)
     if k.backward is None or not any(live) or not any(is_float(dt) for _, dt in ctx.inputs):
@@ -83,9 +88,9 @@ def backward(op: Any, ctx: Any, grad_outputs: Sequence[Array | None], xp: Any,
              for g, ok, (s, dt) in zip(grad_outputs, live, ctx.outputs)]
     for g, (s, _) in zip(grads, ctx.outputs):
         if tuple(g.shape) != tuple(s):
-            raise KernelError(f"{k.kind}: an output gradient of shape {tuple(g.shape)} for an output of {tuple(s)}")
+            raise KernelError(f"{kind}: an output gradient of shape {tuple(g.shape)} for an output of {tuple(s)}")
     if wanted is not None and len(wanted) != n_in:
-        raise KernelError(f"{k.kind}: {len(wanted)} wanted flags for {n_in} inputs")
+        raise KernelError(f"{kind}: {len(wanted)} wanted flags for {n_in} inputs")
     want = [True] * n_in if wanted is None else [bool(w) for w in wanted]
     if not any(w and is_float(dt) for w, (_, dt) in zip(want, ctx.inputs)):
         return [None] * n_in
@@ -96,7 +101,7 @@ def backward(op: Any, ctx: Any, grad_outputs: Sequence[Array | None], xp: Any,
             out.append(None)
             continue
         if tuple(g.shape) != tuple(s):
-            raise KernelError(f"{k.kind}: backward made a gradient of shape {tuple(g.shape)} "
+            raise KernelError(f"{kind}: backward made a gradient of shape {tuple(g.shape)} "
                               f"for an input of {tuple(s)}")
         out.append(g if g.dtype == dt else g.astype(dt))
     return out + [None] * (n_in - len(out))

@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import multiprocessing
@@ -32,14 +31,11 @@ import z3
 
 from ..errors import ShapeError, UnityError
 from ..ir.dtypes import DType
-from ..ir.ops.binary import BINARY
-from ..ir.ops.parallel import reduces_copies
 from ..ir.ops.sources import InputAttrs
-from ..ir.ops.unary import EW_FUNCS, UNARY
 from ..ir.opspec import OpKind, attrs_key
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape, TensorShape
-from .axioms import Signature, axioms_for, conv_config, function_symbols, signature
+from .axioms import Signature, axioms_for, function_symbols, signature
 from .codec import AXIS_FIELDS, from_pattern
 from .rule import Constraint, Pattern, Rule
 from .semantics import evaluate
@@ -465,76 +461,11 @@ def terms(pcg: PCG, s: Signature | None = None) -> list[z3.ExprRef]:
     return [values[(r.node, r.index)] for r in pcg.outputs]
 
 
-def _unary(s: Signature, fn: str, x: z3.ExprRef) -> z3.ExprRef:
-    """The term of a unary function the verifier models (a Unary node, a Gemm's activation)."""
-    how = UNARY[fn].verifier
-    match how:
-        case "relu":
-            return s.relu(x)
-        case "negate":
-            return s.scale(-1, x)
-        case "identity":    # Identity, Dropout (inference mode)
-            return x
-        case "pointwise":
-            return s.ew(EW_FUNCS.index(fn), x)
-    raise AssertionError(f"{fn}: the verifier has no term for {how!r}")
-
-
 def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorShape]) -> list[z3.ExprRef]:
-    """The terms of one node's outputs from its inputs' terms."""
-    a = n.op
-    outs = n.outputs
-    same = all(i.sizes == outs[0].sizes for i in ins)
-    match n.kind:
-        case OpKind.MatMul if min(ins[0].rank, ins[1].rank) >= 2 and ins[0].sizes[:-2] == ins[1].sizes[:-2]:
-            return [s.matmul(x[0], x[1])]
-        case OpKind.Gemm if float(a.alpha).is_integer() and float(a.beta).is_integer():
-            y = s.matmul(s.transpose(x[0]) if a.trans_a else x[0], s.transpose(x[1]) if a.trans_b else x[1])
-            y = y if a.alpha == 1 else s.scale(int(a.alpha), y)
-            if len(x) == 3:    # + beta C, broadcast as Add broadcasts it
-                c = x[2] if a.beta == 1 else s.scale(int(a.beta), x[2])
-                y = (s.add if ins[2].sizes == outs[0].sizes else s.badd)(y, c)
-            return [_unary(s, a.activation, y) if a.activation else y]
-        case OpKind.Unary if not UNARY[a.fn].opaque:
-            return [_unary(s, a.fn, x[0])]
-        case OpKind.Binary if not BINARY[a.fn].opaque:
-            how = BINARY[a.fn].verifier
-            if how == "subtract":
-                x = [x[0], s.scale(-1, x[1])]
-            f = (s.mul if how == "multiply" else s.add) if same else (s.bmul if how == "multiply" else s.badd)
-            return [functools.reduce(f, x)]
-        case OpKind.Scale:
-            return [s.scale(a.factor, x[0])]
-        case OpKind.Transpose if tuple(a.perm) == tuple(range(len(a.perm))):
-            return [x[0]]
-        case OpKind.Transpose if len(a.perm) >= 2 and tuple(a.perm) == tuple(range(len(a.perm) - 2)) + (
-                len(a.perm) - 1, len(a.perm) - 2):
-            return [s.transpose(x[0])]
-        case OpKind.Concat:
-            ax = a.axis - ins[0].rank
-            acc, size = x[0], ins[0].sizes[a.axis]
-            for t, shape in zip(x[1:], ins[1:], strict=True):
-                acc = s.concat(ax, size, shape.sizes[a.axis], acc, t)
-                size += shape.sizes[a.axis]
-            return [acc]
-        case OpKind.Split:   # nested as Concat nests, so that one undoes the other term by term
-            ax = a.axis - ins[0].rank
-            parts, rest, total = [], x[0], sum(a.sizes)
-            for size in reversed(a.sizes[1:]):
-                parts.append(s.split(ax, total - size, size, 1, rest))
-                rest, total = s.split(ax, total - size, size, 0, rest), total - size
-            return [rest] + parts[::-1]
-        case OpKind.Repartition:
-            return [s.repartition(a.dim, a.degree, x[0])]
-        case OpKind.Combine:
-            return [s.combine(a.dim, a.degree, x[0])]
-        case OpKind.Replicate:
-            return [s.replicate(a.degree, x[0])]
-        case OpKind.Reduction:
-            return [(s.reduce_copies if reduces_copies(ins[0]) else s.reduce_sum)(a.degree, x[0])]
-        case OpKind.Gather:
-            return [s.gather(a.axis - ins[0].rank, x[0], x[1])]
-        case OpKind.Conv if len(x) == 2:
-            return [s.conv(conv_config(a), x[0], x[1])]
-    key = attrs_key(a)
-    return [s.opaque(f"{key}|{len(x)}|{k}", len(x))(*x) for k in range(len(outs))]
+    """The terms of one node's outputs from its inputs' terms: as its spec writes them
+    (``OpSpec.encode``), or an uninterpreted function of its attributes where it has none."""
+    out = n.spec.encode(s, n.op, x, ins, n.outputs)
+    if out is not None:
+        return out
+    key = attrs_key(n.op)
+    return [s.opaque(f"{key}|{len(x)}|{k}", len(x))(*x) for k in range(len(n.outputs))]

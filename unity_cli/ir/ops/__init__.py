@@ -1,4 +1,5 @@
-"""Operator specifications, one module per family; importing this fills the registry."""
+"""The operators, one module per family: each operator's spec, its kernels, and what the z3
+verifier knows of it (its terms, symbols and axioms); importing this fills the registry."""
 from __future__ import annotations
 
 from . import (  # noqa: F401

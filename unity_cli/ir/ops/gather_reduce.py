@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 from ...errors import ShapeError
 from ..dtypes import DType
+from ..kernel import Kernel, first_extremum, scatter_add
 from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, register
 from ..shapes import TensorShape
+from ..terms import Axiom, Law, Symbol, need
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
 
 
@@ -30,9 +32,120 @@ class ReduceAttrs:
 REDUCE_MODES = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min"}
 
 
+def _gather_meaning(run, ax, table, ids):
+    need(-table.ndim <= ax <= -1, f"axis {ax} of a rank-{table.ndim} tensor")
+    ids = ids.astype("int64")
+    need(bool(((ids >= 0) & (ids < table.shape[ax])).all()), "gather: ids out of range")
+    return run(GatherAttrs(table.ndim + ax), table, ids)[0]
+
+
+# ---------------------------------------------------------------------------
+# Kernels: forward and backward against ``xp`` (``ir/kernel.py``).
+# Gather, GatherND and the reductions.
+# Gather and GatherND take negative indices as ONNX does (counted from the end). Beyond
+# ONNX, a Gather index outside ``[-n, n)`` yields zeros (and no gradient): a piece of an
+# embedding table split by rows looks up only the ids in its range, so the executor can
+# pass each piece its shifted ids with those of other pieces mapped out of range.
+# Backward scatters-adds into the table; indices get None.
+
+
+def gather_forward(op, xs, xp):
+    data, idx = xs
+    n = data.shape[op.axis]
+    valid = (idx >= -n) & (idx < n)
+    local = xp.where(valid, idx, 0)
+    local = xp.where(local < 0, local + n, local)
+    y = xp.take(data, local, axis=op.axis)
+    if not bool(valid.all()):
+        shape = (1,) * op.axis + valid.shape + (1,) * (data.ndim - op.axis - 1)
+        y = y * valid.reshape(shape).astype(y.dtype)
+    return [y], (data.shape, local, valid)
+
+
+def gather_backward(op, ctx, gs, xp):
+    shape, local, valid = ctx
+    g = gs[0]
+    a, r = op.axis, local.ndim
+    # Bring the index dims to the front: g_t[i, prefix..., suffix...] is row local[i]'s gradient.
+    g_t = xp.moveaxis(g, tuple(range(a, a + r)), tuple(range(r)))
+    g_t = g_t.reshape((local.size,) + shape[:a] + shape[a + 1:])
+    keep = valid.reshape(-1)
+    gd = xp.zeros((shape[a],) + shape[:a] + shape[a + 1:], dtype=g.dtype)
+    scatter_add(gd, local.reshape(-1)[keep], g_t[keep], xp)
+    return [xp.moveaxis(gd, 0, a), None]
+
+
+def _gathernd_index(data_shape, idx, b, xp):
+    """The advanced index into ``data.reshape((B,) + data_shape[b:])`` that GatherND reads."""
+    k = idx.shape[-1]
+    batch = 1
+    for d in data_shape[:b]:
+        batch *= d
+    flat = idx.reshape((batch, -1, k))
+    m = flat.shape[1]
+    rows = xp.broadcast_to(xp.arange(batch)[:, None], (batch, m))
+    cols = tuple(flat[..., j] % data_shape[b + j] for j in range(k))  # negative indices count from the end
+    return (batch,) + tuple(data_shape[b:]), (rows,) + cols
+
+
+def gathernd_forward(op, xs, xp):
+    data, idx = xs
+    b = op.batch_dims
+    k = idx.shape[-1]
+    flat_shape, index = _gathernd_index(data.shape, idx, b, xp)
+    y = data.reshape(flat_shape)[index]
+    return [y.reshape(idx.shape[:-1] + data.shape[b + k:])], (data.shape, idx)
+
+
+def gathernd_backward(op, ctx, gs, xp):
+    shape, idx = ctx
+    b, k = op.batch_dims, idx.shape[-1]
+    flat_shape, index = _gathernd_index(shape, idx, b, xp)
+    g = gs[0].reshape(index[0].shape + tuple(shape[b + k:]))
+    gd = xp.zeros(flat_shape, dtype=g.dtype)
+    scatter_add(gd, index, g, xp)
+    return [gd.reshape(shape), None]
+
+
+def reduce_forward(op, xs, xp):
+    x = xs[0]
+    axes = tuple(sorted(a % x.ndim for a in op.axes)) if x.ndim else ()
+    if not axes:
+        return [x], (x, axes, x)
+    match op.mode:
+        case "sum":
+            y = x.sum(axis=axes, keepdims=True)
+        case "mean":
+            y = x.mean(axis=axes, keepdims=True).astype(x.dtype)
+        case "max":
+            y = x.max(axis=axes, keepdims=True)
+        case "min":
+            y = x.min(axis=axes, keepdims=True)
+        case _:
+            raise AssertionError(op.mode)
+    out = y if op.keepdims else y.reshape(tuple(s for d, s in enumerate(x.shape) if d not in axes))
+    return [out], (x, axes, y)
+
+
+def reduce_backward(op, ctx, gs, xp):
+    x, axes, y = ctx
+    if not axes:
+        return [gs[0]]
+    g = gs[0].reshape(y.shape)  # back to keepdims form
+    if op.mode == "sum":
+        return [xp.broadcast_to(g, x.shape).copy()]
+    if op.mode == "mean":
+        count = 1
+        for a in axes:
+            count *= x.shape[a]
+        return [xp.broadcast_to(g / count, x.shape).copy()]
+    return [g * first_extremum(x, y, axes, xp)]
+
+
 @register
 class Gather(OpSpec):
     kind = OpKind.Gather
+    kernel = Kernel(gather_forward, gather_backward)
     attrs_type = GatherAttrs
     onnx_ops = ("Gather",)
     weight_inputs = (0,)
@@ -65,10 +178,23 @@ class Gather(OpSpec):
         # Backward scatters-adds into the table: a read-modify-write of the rows touched.
         return OpCost(0.0, moved, float(outputs[0].numel), 2 * moved, 1)
 
+    def encode(self, s, attrs, x, ins, outs):
+        return [s.gather(attrs.axis - ins[0].rank, x[0], x[1])]
+
+    symbols = (Symbol("gather", ("I", "T", "T"), _gather_meaning),)   # gather(ax, table, ids), ax from the end
+    axioms = (   # linear in its table
+        Axiom("gather-add", lambda s, v: Law(s.gather(v.ax, s.add(v.a, v.b), v.c),
+                                             s.add(s.gather(v.ax, v.a, v.c), s.gather(v.ax, v.b, v.c)),
+                                             two_way=False)),
+        Axiom("gather-scale", lambda s, v: Law(s.gather(v.ax, s.scale(v.k, v.a), v.c),
+                                               s.scale(v.k, s.gather(v.ax, v.a, v.c)))),
+    )
+
 
 @register
 class Reduce(OpSpec):
     kind = OpKind.Reduce
+    kernel = Kernel(reduce_forward, reduce_backward)
     verifier = Opaque("a reduction over some dims: no axioms yet")
     attrs_type = ReduceAttrs
     onnx_ops = tuple(sorted(REDUCE_MODES))
@@ -123,6 +249,7 @@ class GatherND(OpSpec):
     """``GatherND``: exporters emit it to pick the upper triangle of an interaction matrix."""
 
     kind = OpKind.GatherND
+    kernel = Kernel(gathernd_forward, gathernd_backward)
     verifier = Opaque("a multi-dim index gather: no axioms yet")
     attrs_type = GatherNDAttrs
     onnx_ops = ("GatherND",)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ...errors import ShapeError
 from ..opspec import ZERO_COST, OpCost, OpKind, OpSpec, register
 from ..shapes import ParallelTensorShape, TensorShape
+from ..terms import Axiom, Law, Symbol
 
 REPLICA_DIM = -1
 """``Combine``'s ``dim`` that means the copy (replica) dimension."""
@@ -85,6 +86,11 @@ def _check_dim(kind: str, dim: int, x: ParallelTensorShape) -> None:
 class Repartition(_ParallelOp):
     kind = OpKind.Repartition
     attrs_type = RepartitionAttrs
+    symbols = (Symbol("repartition", ("I", "I", "T"), lambda run, dim, d, x: x),)
+    axioms = (Axiom("repartition-id", lambda s, v: Law(s.repartition(v.ax, v.k, v.x), v.x)),)
+
+    def encode(self, s, attrs, x, ins, outs):
+        return [s.repartition(attrs.dim, attrs.degree, x[0])]
 
     def apply(self, attrs, x):
         _check_dim(self.kind, attrs.dim, x)
@@ -95,6 +101,11 @@ class Repartition(_ParallelOp):
 class Combine(_ParallelOp):
     kind = OpKind.Combine
     attrs_type = CombineAttrs
+    symbols = (Symbol("combine", ("I", "I", "T"), lambda run, dim, d, x: x),)
+    axioms = (Axiom("combine-id", lambda s, v: Law(s.combine(v.ax, v.k, v.x), v.x)),)
+
+    def encode(self, s, attrs, x, ins, outs):
+        return [s.combine(attrs.dim, attrs.degree, x[0])]
 
     def apply(self, attrs, x):
         if attrs.dim == REPLICA_DIM:
@@ -112,6 +123,11 @@ class Combine(_ParallelOp):
 class Replicate(_ParallelOp):
     kind = OpKind.Replicate
     attrs_type = ReplicateAttrs
+    symbols = (Symbol("replicate", ("I", "T"), lambda run, d, x: x),)
+    axioms = (Axiom("replicate-id", lambda s, v: Law(s.replicate(v.k, v.x), v.x)),)
+
+    def encode(self, s, attrs, x, ins, outs):
+        return [s.replicate(attrs.degree, x[0])]
 
     def apply(self, attrs, x):
         return x.with_replicas(copy_degree=x.copy_degree * attrs.degree)
@@ -121,6 +137,17 @@ class Replicate(_ParallelOp):
 class Reduction(_ParallelOp):
     kind = OpKind.Reduction
     attrs_type = ReductionAttrs
+    symbols = (   # of partial sums: the value is theirs; of replicas: d times one
+        Symbol("reduce_sum", ("I", "T"), lambda run, d, x: x),
+        Symbol("reduce_copies", ("I", "T"), lambda run, d, x: d * x),
+    )
+    axioms = (
+        Axiom("reduce-sum-id", lambda s, v: Law(s.reduce_sum(v.k, v.x), v.x)),
+        Axiom("reduce-copies-scale", lambda s, v: Law(s.reduce_copies(v.k, v.x), s.scale(v.k, v.x))),
+    )
+
+    def encode(self, s, attrs, x, ins, outs):
+        return [(s.reduce_copies if reduces_copies(ins[0]) else s.reduce_sum)(attrs.degree, x[0])]
 
     def apply(self, attrs, x):
         if reduces_copies(x):

@@ -5,13 +5,16 @@ shapes, axes, slice bounds) become attributes at import.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
+from ..kernel import Kernel, unbroadcast
 from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
 from ..shapes import TensorShape
+from ..terms import Axiom, Law, Symbol, need
 from .common import broadcast_dims, broadcast_roles, need_inputs, norm_axes, norm_axis
 
 
@@ -87,9 +90,88 @@ def reshape_roles(src: Sequence[int], dst: Sequence[int]) -> tuple[Role, ...]:
     return tuple(roles)
 
 
+# ---------------------------------------------------------------------------
+# Kernels: forward and backward against ``xp`` (``ir/kernel.py``).
+# Data-movement kernels: Transpose, Reshape, Concat, Split, Slice, Expand.
+# On a piece, Reshape and Expand get attrs whose ``dims`` are the piece's shape (the
+# executor rewrites them), and the ranges of a Slice over a split dim are whole (its role
+# requires it), so every kernel here reads only the shapes of its arrays.
+
+
+def transpose_forward(op, xs, xp):
+    return [xp.transpose(xs[0], op.perm)], None
+
+
+def transpose_backward(op, ctx, gs, xp):
+    inv = [0] * len(op.perm)
+    for j, p in enumerate(op.perm):
+        inv[p] = j
+    return [xp.transpose(gs[0], inv)]
+
+
+def reshape_forward(op, xs, xp):
+    x = xs[0]
+    return [x.reshape(op.dims)], x.shape
+
+
+def reshape_backward(op, ctx, gs, xp):
+    return [gs[0].reshape(ctx)]
+
+
+def concat_forward(op, xs, xp):
+    return [xp.concatenate(list(xs), axis=op.axis)], [x.shape[op.axis] for x in xs]
+
+
+def concat_backward(op, ctx, gs, xp):
+    return _split(gs[0], ctx, op.axis, xp)
+
+
+def _split(x, sizes, axis, xp):
+    bounds = list(itertools.accumulate(sizes))
+    return xp.split(x, bounds[:-1], axis=axis)
+
+
+def split_forward(op, xs, xp):
+    return _split(xs[0], op.sizes, op.axis, xp), None
+
+
+def split_backward(op, ctx, gs, xp):
+    return [xp.concatenate(list(gs), axis=op.axis)]
+
+
+def _slices(ranges):
+    """Python slices for ``slice.indices()`` triples, whose stop of -1 with a negative
+    step means "through index 0" (and whose start of -1 then means "empty")."""
+    return tuple(slice(a, b if b >= 0 else None, s) if len(range(a, b, s)) else slice(0, 0)
+                 for a, b, s in ranges)
+
+
+def slice_forward(op, xs, xp):
+    x = xs[0]
+    return [x[_slices(op.ranges)]], x.shape
+
+
+def slice_backward(op, ctx, gs, xp):
+    g = gs[0]
+    gx = xp.zeros(ctx, dtype=g.dtype)
+    gx[_slices(op.ranges)] = g
+    return [gx]
+
+
+def expand_forward(op, xs, xp):
+    x = xs[0]
+    # A real array rather than broadcast_to's read-only view with zero strides.
+    return [xp.ascontiguousarray(xp.broadcast_to(x, op.dims))], x.shape
+
+
+def expand_backward(op, ctx, gs, xp):
+    return [unbroadcast(gs[0], ctx, xp)]
+
+
 @register
 class Reshape(OpSpec):
     kind = OpKind.Reshape
+    kernel = Kernel(reshape_forward, reshape_backward)
     verifier = Opaque("a reshape's axioms (how it commutes with splits and concatenations) are not written yet")
     attrs_type = ReshapeAttrs
     onnx_ops = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -141,9 +223,34 @@ class Reshape(OpSpec):
         return OpCost(0.0, 0.0, 0.0, 0.0, 0)  # a view: no data moves
 
 
+def _transpose_meaning(run, x):
+    need(x.ndim >= 2, f"transpose of a rank-{x.ndim} tensor")
+    return run(TransposeAttrs(tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)), x)[0]
+
+
+def _axis_from_end(ax: int, x) -> int:
+    need(-x.ndim <= ax <= -1, f"axis {ax} of a rank-{x.ndim} tensor")
+    return x.ndim + ax
+
+
+def _concat_meaning(run, ax, n1, n2, a, b):
+    axis = _axis_from_end(ax, a)
+    need(a.ndim == b.ndim and a.shape[ax] == n1 and b.shape[ax] == n2,
+         f"concat({ax}, {n1}, {n2}) of {a.shape}, {b.shape}")
+    need(all(p == q for k, (p, q) in enumerate(zip(a.shape, b.shape)) if k != axis), "concat: other dims differ")
+    return run(ConcatAttrs(axis), a, b)[0]
+
+
+def _split_meaning(run, ax, n1, n2, i, x):
+    axis = _axis_from_end(ax, x)
+    need(x.shape[ax] == n1 + n2 and i in (0, 1), f"split({ax}, {n1}, {n2}, {i}) of {x.shape}")
+    return run(SplitAttrs(axis, (n1, n2)), x)[i]
+
+
 @register
 class Transpose(OpSpec):
     kind = OpKind.Transpose
+    kernel = Kernel(transpose_forward, transpose_backward)
     attrs_type = TransposeAttrs
     onnx_ops = ("Transpose",)
 
@@ -171,10 +278,42 @@ class Transpose(OpSpec):
     def cost(self, attrs, inputs, outputs):
         return _copy_cost(inputs, outputs)
 
+    def encode(self, s, attrs, x, ins, outs):
+        perm, r = tuple(attrs.perm), len(attrs.perm)
+        if perm == tuple(range(r)):
+            return [x[0]]
+        if r >= 2 and perm == tuple(range(r - 2)) + (r - 1, r - 2):
+            return [s.transpose(x[0])]
+        return None
+
+    symbols = (Symbol("transpose", ("T",), _transpose_meaning),)   # of the last two dims
+    axioms = (
+        Axiom("transpose-transpose", lambda s, v: Law(s.transpose(s.transpose(v.x)), v.x)),
+        Axiom("transpose-matmul", lambda s, v: Law(s.transpose(s.matmul(v.a, v.b)),
+                                                   s.matmul(s.transpose(v.b), s.transpose(v.a)))),
+        Axiom("transpose-add", lambda s, v: Law(s.transpose(s.add(v.a, v.b)),
+                                                s.add(s.transpose(v.a), s.transpose(v.b)))),
+        Axiom("transpose-mul", lambda s, v: Law(s.transpose(s.mul(v.a, v.b)),
+                                                s.mul(s.transpose(v.a), s.transpose(v.b)))),
+        Axiom("transpose-relu", lambda s, v: Law(s.transpose(s.relu(v.x)), s.relu(s.transpose(v.x)))),
+        Axiom("transpose-ew", lambda s, v: Law(s.transpose(s.ew(v.k, v.x)), s.ew(v.k, s.transpose(v.x)))),
+        Axiom("transpose-scale", lambda s, v: Law(s.transpose(s.scale(v.k, v.x)), s.scale(v.k, s.transpose(v.x)))),
+        Axiom("transpose-concat-last", lambda s, v: Law(
+            s.transpose(s.concat(-1, v.n1, v.n2, v.a, v.b)),
+            s.concat(-2, v.n1, v.n2, s.transpose(v.a), s.transpose(v.b)))),
+        Axiom("transpose-concat-rows", lambda s, v: Law(
+            s.transpose(s.concat(-2, v.n1, v.n2, v.a, v.b)),
+            s.concat(-1, v.n1, v.n2, s.transpose(v.a), s.transpose(v.b)))),
+        Axiom("transpose-concat-batch", lambda s, v: Law(
+            s.transpose(s.concat(v.ax, v.n1, v.n2, v.a, v.b)),
+            s.concat(v.ax, v.n1, v.n2, s.transpose(v.a), s.transpose(v.b)), v.ax <= -3)),
+    )
+
 
 @register
 class Concat(OpSpec):
     kind = OpKind.Concat
+    kernel = Kernel(concat_forward, concat_backward)
     attrs_type = ConcatAttrs
     onnx_ops = ("Concat",)
 
@@ -203,14 +342,40 @@ class Concat(OpSpec):
 
     def cost(self, attrs, inputs, outputs):
         """Forward copies the parts into one tensor; backward hands each part a view of
-        the gradient (``kernels/shape.py``), which moves nothing."""
+        the gradient (its kernel, below), which moves nothing."""
         copy = _copy_cost(inputs, outputs)
         return OpCost(0.0, copy.fwd_bytes, 0.0, 0.0, 1)
+
+    def encode(self, s, attrs, x, ins, outs):   # nested from the left: concat(concat(a, b), c)
+        ax = attrs.axis - ins[0].rank
+        acc, size = x[0], ins[0].sizes[attrs.axis]
+        for t, shape in zip(x[1:], ins[1:], strict=True):
+            acc = s.concat(ax, size, shape.sizes[attrs.axis], acc, t)
+            size += shape.sizes[attrs.axis]
+        return [acc]
+
+    # concat(ax, n1, n2, a, b): the parts carry their sizes along ax, an axis counted from the end
+    symbols = (Symbol("concat", ("I", "I", "I", "T", "T"), _concat_meaning),)
+    axioms = (
+        Axiom("concat-assoc-left", lambda s, v: Law(
+            s.concat(v.ax, v.n1, v.m, v.a, s.concat(v.ax, v.n2, v.n3, v.b, v.c)),
+            s.concat(v.ax, v.n1 + v.n2, v.n3, s.concat(v.ax, v.n1, v.n2, v.a, v.b), v.c), v.m == v.n2 + v.n3, False)),
+        Axiom("concat-assoc-right", lambda s, v: Law(
+            s.concat(v.ax, v.m, v.n3, s.concat(v.ax, v.n1, v.n2, v.a, v.b), v.c),
+            s.concat(v.ax, v.n1, v.n2 + v.n3, v.a, s.concat(v.ax, v.n2, v.n3, v.b, v.c)), v.m == v.n1 + v.n2, False)),
+        Axiom("concat-interchange", lambda s, v: Law(
+            s.concat(v.ax, v.m, v.n3, s.concat(v.i, v.n1, v.n2, v.a, v.b), s.concat(v.i, v.n1, v.n2, v.c, v.d)),
+            s.concat(v.i, v.n1, v.n2, s.concat(v.ax, v.m, v.n3, v.a, v.c), s.concat(v.ax, v.m, v.n3, v.b, v.d)),
+            v.ax != v.i)),
+        Axiom("concat-split", lambda s, v: Law(
+            s.concat(v.ax, v.n1, v.n2, s.split(v.ax, v.n1, v.n2, 0, v.x), s.split(v.ax, v.n1, v.n2, 1, v.x)), v.x)),
+    )
 
 
 @register
 class Split(OpSpec):
     kind = OpKind.Split
+    kernel = Kernel(split_forward, split_backward)
     attrs_type = SplitAttrs
     onnx_ops = ("Split",)
 
@@ -244,15 +409,67 @@ class Split(OpSpec):
         return ((0,),)
 
     def cost(self, attrs, inputs, outputs):
-        """Forward hands out views of the input (``kernels/shape.py``), which move nothing;
+        """Forward hands out views of the input (its kernel, below), which move nothing;
         backward concatenates the parts' gradients, a copy."""
         copy = _copy_cost(inputs, outputs)
         return OpCost(0.0, 0.0, 0.0, copy.bwd_bytes, 1)
+
+    def encode(self, s, attrs, x, ins, outs):   # nested as Concat nests, so that one undoes the other term by term
+        ax = attrs.axis - ins[0].rank
+        parts, rest, total = [], x[0], sum(attrs.sizes)
+        for size in reversed(attrs.sizes[1:]):
+            parts.append(s.split(ax, total - size, size, 1, rest))
+            rest, total = s.split(ax, total - size, size, 0, rest), total - size
+        return [rest] + parts[::-1]
+
+    # split(ax, n1, n2, i, x): part i of x cut in two along ax (from the end) at n1
+    symbols = (Symbol("split", ("I", "I", "I", "I", "T"), _split_meaning),)
+    axioms = (
+        Axiom("split-concat-first", lambda s, v: Law(
+            s.split(v.ax, v.n1, v.n2, 0, s.concat(v.ax, v.n1, v.n2, v.a, v.b)), v.a)),
+        Axiom("split-concat-second", lambda s, v: Law(
+            s.split(v.ax, v.n1, v.n2, 1, s.concat(v.ax, v.n1, v.n2, v.a, v.b)), v.b)),
+        Axiom("split-concat-across", lambda s, v: Law(
+            s.split(v.ax, v.n1, v.n2, v.i, s.concat(v.j, v.m, v.n3, v.a, v.b)),
+            s.concat(v.j, v.m, v.n3, s.split(v.ax, v.n1, v.n2, v.i, v.a), s.split(v.ax, v.n1, v.n2, v.i, v.b)),
+            v.ax != v.j)),
+        Axiom("split-relu", lambda s, v: Law(s.split(v.ax, v.n1, v.n2, v.i, s.relu(v.x)),
+                                             s.relu(s.split(v.ax, v.n1, v.n2, v.i, v.x)))),
+        Axiom("split-ew", lambda s, v: Law(s.split(v.ax, v.n1, v.n2, v.i, s.ew(v.k, v.x)),
+                                           s.ew(v.k, s.split(v.ax, v.n1, v.n2, v.i, v.x)))),
+        Axiom("split-scale", lambda s, v: Law(s.split(v.ax, v.n1, v.n2, v.i, s.scale(v.k, v.x)),
+                                              s.scale(v.k, s.split(v.ax, v.n1, v.n2, v.i, v.x)))),
+        Axiom("split-add", lambda s, v: Law(
+            s.split(v.ax, v.n1, v.n2, v.i, s.add(v.x, v.y)),
+            s.add(s.split(v.ax, v.n1, v.n2, v.i, v.x), s.split(v.ax, v.n1, v.n2, v.i, v.y)))),
+        # (y spans the split dim: a y broadcast along it would stay whole, another law)
+        Axiom("split-badd", lambda s, v: Law(
+            s.split(v.ax, v.n1, v.n2, v.i, s.badd(v.x, v.y)),
+            s.badd(s.split(v.ax, v.n1, v.n2, v.i, v.x), s.split(v.ax, v.n1, v.n2, v.i, v.y)))),
+        Axiom("split-mul", lambda s, v: Law(
+            s.split(v.ax, v.n1, v.n2, v.i, s.mul(v.x, v.y)),
+            s.mul(s.split(v.ax, v.n1, v.n2, v.i, v.x), s.split(v.ax, v.n1, v.n2, v.i, v.y)))),
+        Axiom("split-transpose-last", lambda s, v: Law(s.split(-1, v.n1, v.n2, v.i, s.transpose(v.x)),
+                                                       s.transpose(s.split(-2, v.n1, v.n2, v.i, v.x)))),
+        Axiom("split-transpose-rows", lambda s, v: Law(s.split(-2, v.n1, v.n2, v.i, s.transpose(v.x)),
+                                                       s.transpose(s.split(-1, v.n1, v.n2, v.i, v.x)))),
+        Axiom("split-transpose-batch", lambda s, v: Law(s.split(v.ax, v.n1, v.n2, v.i, s.transpose(v.x)),
+                                                        s.transpose(s.split(v.ax, v.n1, v.n2, v.i, v.x)),
+                                                        v.ax <= -3)),
+        Axiom("split-matmul-rows", lambda s, v: Law(s.split(-2, v.n1, v.n2, v.i, s.matmul(v.a, v.b)),
+                                                    s.matmul(s.split(-2, v.n1, v.n2, v.i, v.a), v.b))),
+        Axiom("split-matmul-cols", lambda s, v: Law(s.split(-1, v.n1, v.n2, v.i, s.matmul(v.a, v.b)),
+                                                    s.matmul(v.a, s.split(-1, v.n1, v.n2, v.i, v.b)))),
+        Axiom("split-matmul-batch", lambda s, v: Law(
+            s.split(v.ax, v.n1, v.n2, v.i, s.matmul(v.a, v.b)),
+            s.matmul(s.split(v.ax, v.n1, v.n2, v.i, v.a), s.split(v.ax, v.n1, v.n2, v.i, v.b)), v.ax <= -3)),
+    )
 
 
 @register
 class Slice(OpSpec):
     kind = OpKind.Slice
+    kernel = Kernel(slice_forward, slice_backward)
     verifier = Opaque("a strided window: no axioms yet (Split is the slicing the rules use)")
     attrs_type = SliceAttrs
     onnx_ops = ("Slice",)
@@ -294,6 +511,7 @@ class Slice(OpSpec):
 @register
 class Expand(OpSpec):
     kind = OpKind.Expand
+    kernel = Kernel(expand_forward, expand_backward)
     verifier = Opaque("a broadcast to a given shape: no axioms yet")
     attrs_type = ExpandAttrs
     onnx_ops = ("Expand",)

@@ -172,3 +172,18 @@ UNARY: dict[str, UnaryFn] = {
 
 EW_FUNCS: tuple[str, ...] = tuple(sorted(name for name, f in UNARY.items() if f.verifier == "pointwise"))
 """The verifier's ``ew(code, x)`` functions; a function's code is its index here."""
+
+
+def term(s: Any, fn: str, x: Any) -> Any:
+    """The verifier's term of a modelled function applied to the term ``x`` (a Unary node,
+    a Gemm's fused activation), in the symbols of the signature ``s`` (``ir/terms.py``)."""
+    match UNARY[fn].verifier:
+        case "relu":
+            return s.relu(x)
+        case "negate":
+            return s.scale(-1, x)
+        case "identity":    # Identity, Dropout (inference mode)
+            return x
+        case "pointwise":
+            return s.ew(EW_FUNCS.index(fn), x)
+    raise AssertionError(f"{fn}: the verifier has no term for {UNARY[fn].verifier!r}")

@@ -1,10 +1,11 @@
-"""The kernel registry and the helpers every kernel shares.
+"""How an operator's kernels are declared: forward and backward written once against an
+array module ``xp`` (``numpy`` or ``cupy``), in the operator's own module (``ir/ops/``), and
+the helpers they share.
 
-A :class:`Kernel` is a pair of functions written once against an array module ``xp``
-(``numpy`` or ``cupy``): ``forward(op, inputs, xp) -> (outputs, ctx)`` and
+A spec's ``kernel`` is a :class:`Kernel`: ``forward(op, inputs, xp) -> (outputs, ctx)`` and
 ``backward(op, ctx, grads, xp) -> input grads``. Kernels see only what
-:mod:`unity_cli.kernels` has checked: ``grads`` has no None for an output that
-is floating point, and a gradient returned for a non-float input is dropped.
+:mod:`unity_cli.kernels` (which runs them) has checked: ``grads`` has no None for an
+output that is floating point, and a gradient returned for a non-float input is dropped.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnityError
-from ..ir.opspec import OpKind
 
 Array = Any
 """A ``numpy.ndarray`` or a ``cupy.ndarray``."""
@@ -28,24 +28,13 @@ class KernelError(UnityError):
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
-    """Forward and backward of one op kind; ``backward`` None: nothing is differentiable."""
-
-    kind: OpKind
-    forward: Forward
-    backward: Backward | None = None
-    selective: bool = False    # backward takes ``wanted`` and makes only those gradients
-
-
-KERNELS: dict[str, Kernel] = {}
-
-
-def register(kind: OpKind, forward: Forward, backward: Backward | None = None, selective: bool = False) -> None:
-    """Add a kernel to :data:`KERNELS`; a second kernel for one kind is an error. A
+    """Forward and backward of one op kind; ``backward`` None: nothing is differentiable. A
     ``selective`` backward is called as ``backward(op, ctx, grads, xp, wanted)`` and may
     leave out (None) the gradients of inputs ``wanted`` does not mark."""
-    if kind in KERNELS:
-        raise RuntimeError(f"a kernel for {kind} is registered twice")
-    KERNELS[kind] = Kernel(kind, forward, backward, selective)
+
+    forward: Forward
+    backward: Backward | None = None
+    selective: bool = False
 
 
 # ---------------------------------------------------------------------------
