@@ -126,8 +126,8 @@ def _add(case_id: str, case: Case) -> None:
 
 ONNX_UNARY = [fn for fn in Unary.onnx_ops if not UNARY[fn].boolean
               and fn not in ("Gelu", "Dropout")]   # (these two have cases of their own below)
-for _op in ONNX_UNARY:
-    _add(f"{_op}-3d", Case(_op, [F3]))
+for _op in ONNX_UNARY:   # at the opset that brought the op, if later than 17 (Mish: 18)
+    _add(f"{_op}-3d", Case(_op, [F3], opset=max(17, onnx.defs.get_schema(_op).since_version)))
 _add("Relu-scalar", Case("Relu", [In(())]))
 _add("Relu-1d", Case("Relu", [In((5,))]))
 _add("Exp-f64", Case("Exp", [In((3, 2), np.float64)]))

@@ -70,24 +70,26 @@ def test_a_wrong_gradient_would_be_caught():
         _assert_central_differences(wrong.backward(x, np.tanh(x), g, np), wrong.forward, x, g)
 
 
-def test_softsign_trains_as_onnxruntime_computes(tmp_path):
-    """The function added as the proof that a new one is one entry: an ONNX Softsign
-    imports, runs as onnxruntime runs it, and has its gradient."""
+@pytest.mark.parametrize("fn", ["Softsign", "Mish"])
+def test_an_added_function_runs_as_onnxruntime_computes(fn, tmp_path):
+    """The functions added as the proof that a new one is one entry (Softsign, and Mish once
+    the kernels moved into the operators' modules): an ONNX node of it imports and runs as
+    onnxruntime runs it (its gradient is checked with every entry's, above)."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
     from unity_cli.onnx_import import ImportOptions, import_model
 
-    graph = helper.make_graph([helper.make_node("Softsign", ["x"], ["y"], name="s")], "g",
+    graph = helper.make_graph([helper.make_node(fn, ["x"], ["y"], name="s")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])])
-    path = tmp_path / "softsign.onnx"
+    path = tmp_path / f"{fn}.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
     pcg = import_model(path, ImportOptions()).pcg
     (node,) = [n for _, n in pcg if not n.spec.is_source]
-    assert node.op == UnaryAttrs("Softsign")
-    x = _x("Softsign", np.random.default_rng(3)).astype(np.float32)
+    assert node.op == UnaryAttrs(fn)
+    x = _x(fn, np.random.default_rng(3)).astype(np.float32)
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     (got,), _ = unary_forward(node.op, [x], np)
     np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -127,6 +127,12 @@ def _sigmoid(x: Any, xp: Any) -> Any:
     return xp.where(x >= 0, s, e * s)
 
 
+def _mish_grad(x: Any, xp: Any) -> Any:
+    """d/dx x tanh(softplus(x)) = tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x)."""
+    t = xp.tanh(xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x))))
+    return t + x * (1 - t * t) * _sigmoid(x, xp)
+
+
 def _gelu(x: Any, xp: Any) -> Any:
     return 0.5 * x * (1 + erf(x * _SQRT_HALF, xp))
 
@@ -154,6 +160,8 @@ UNARY: dict[str, UnaryFn] = {
     "Reciprocal": UnaryFn(4, lambda x, xp: 1 / x, lambda x, y, g, xp: -g * y * y, domain="positive"),
     "Softplus": UnaryFn(12, lambda x, xp: xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x))),
                         lambda x, y, g, xp: g * _sigmoid(x, xp)),
+    "Mish": UnaryFn(24, lambda x, xp: x * xp.tanh(xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))),
+                    lambda x, y, g, xp: g * _mish_grad(x, xp)),
     "Softsign": UnaryFn(3, lambda x, xp: x / (1 + xp.abs(x)), lambda x, y, g, xp: g / ((1 + xp.abs(x)) ** 2)),
     "Sin": UnaryFn(20, lambda x, xp: xp.sin(x), lambda x, y, g, xp: g * xp.cos(x)),
     "Cos": UnaryFn(20, lambda x, xp: xp.cos(x), lambda x, y, g, xp: -g * xp.sin(x)),
