@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import numpy as np
 import onnx
@@ -12,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from unity_cli.cluster.parse import parse_cluster
 from unity_cli.cost.model import CostConfig, estimate
+from unity_cli.errors import ShapeError
 from unity_cli.ir.ops.gather_reduce import GatherAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.parallel import ReductionAttrs
@@ -334,3 +336,73 @@ def test_memory_that_cannot_fit_is_refused_before_any_search():
     room = dataclasses.replace(p, capacity=leanest)
     choice = solve_problem(room)
     assert choice is not None and room.fits(choice)
+
+
+def _whole_price(cl, config, source, target, kind, grad):
+    """A resharding priced at its real sizes, as the cost model prices any graph: the oracle
+    of the solver's pricing at unit sizes."""
+    from unity_cli.cost.model import CostContext, memory_per_device, node_cost
+    from unity_cli.ir.ops.elementwise import UnaryAttrs
+    from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
+    from unity_cli.ir.pcg import GraphBuilder
+    from unity_cli.search.reshard import reshard
+    from unity_cli.search.solver import Tensor
+
+    b = GraphBuilder()
+    if kind is Tensor.ACTIVATION:
+        op = WeightAttrs(source.logical, True) if grad else InputAttrs(source.logical)
+        x = b.add1(UnaryAttrs("Identity"), [b.add(op, (), "x", outputs=[source])[0]], "producer")
+    else:
+        x = b.add1(WeightAttrs(source.logical, kind is Tensor.WEIGHT), (), "w")
+    first = len(b.nodes)
+    pcg = b.build([reshard(b, x, target)])
+    ctx = CostContext.of(pcg, cl, config)
+    views = default_views(pcg)
+    costs = [node_cost(ctx, i, views) for i in range(first, len(pcg))]
+    seconds = sum(c.compute_fwd + c.compute_bwd + c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
+    if kind is not Tensor.ACTIVATION:
+        return seconds, 0.0
+    devs = [views[i].devices(n.outputs[0]) if i >= first else () for i, n in pcg]
+    return seconds, float(max(memory_per_device(pcg, devs, ctx.layout, cl.num_devices, config)))
+
+
+@pytest.mark.parametrize("nodes,per_node", [(1, 4), (2, 3), (1, 6)])
+def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, per_node):
+    """The solver prices each resharding's moves once at the least sizes that keep its
+    splits even and scales their bytes: on random layouts (dims split, partial sums,
+    replicas; activations and weights) the time and the memory equal the cost model's
+    pricing of the whole-size graph, and the scaling did happen (the unit is smaller)."""
+    from unity_cli.ir.shapes import ParallelTensorShape
+    from unity_cli.search.solver import Tensor, _Pricer, unit_layouts
+
+    cl = cluster(nodes, per_node)
+    n = cl.num_devices
+    rng = np.random.default_rng(nodes * 10 + per_node)
+    sizes = (48, 36, 10)
+
+    def layout():
+        while True:
+            degrees = tuple(int(rng.choice([g for g in (1, 2, 3, 4, 6) if s % g == 0 and g <= n])) for s in sizes)
+            rest = n // int(np.prod(degrees)) if n % int(np.prod(degrees)) == 0 else 0
+            if rest:
+                sums = int(rng.choice([g for g in (1, 2, 3) if rest % g == 0]))
+                return ParallelTensorShape.of(sizes, degrees, sum_degree=sums, copy_degree=rest // sums)
+
+    checked = 0
+    for _ in range(40):
+        source, target = layout(), layout()
+        kind = Tensor.ACTIVATION if rng.random() < 0.7 else Tensor.WEIGHT
+        if kind is Tensor.WEIGHT:
+            source = ParallelTensorShape.of(sizes, (1, 1, 1))
+            target = target.with_replicas(sum_degree=1, copy_degree=target.sum_degree * target.copy_degree)
+        grad = bool(rng.random() < 0.8)
+        got = _Pricer(cl, CostConfig()).priced(source, target, kind, grad)
+        try:
+            want = _whole_price(cl, CostConfig(), source, target, kind, grad)
+        except ShapeError:    # no resharding reaches it (partial sums from none)
+            assert got == (math.inf, math.inf)
+            continue
+        assert got[0] == pytest.approx(want[0], rel=1e-12, abs=0), (source, target, kind)
+        assert got[1] == want[1], (source, target, kind)
+        checked += unit_layouts(source, target)[2] > 1 and want[0] > 0
+    assert checked >= 10

@@ -175,26 +175,33 @@ def node_cost_and_moves(ctx: CostContext, i: int, views: Mapping[int, MachineVie
 
 def _price(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence[MachineView]
            ) -> tuple[NodeCost, tuple[Move, ...]]:
+    moves = node_moves(ctx.structure, i, views, ctx.config.dtype)
+    t = phase_seconds(moves, ctx.cluster, ctx.config.profile) if moves else {}
+    return cost_of_phases(ctx, i, views, t), moves
+
+
+def cost_of_phases(ctx: CostContext, i: int, views: Mapping[int, MachineView] | Sequence[MachineView],
+                   t: Mapping[str, float]) -> NodeCost:
+    """Node ``i``'s cost when its moves take ``t`` seconds per phase (``cost.moves.phase_seconds``):
+    its compute, and those times (what :func:`node_cost` finds, given the moves it finds)."""
     pcg, cluster, config = ctx.pcg, ctx.cluster, ctx.config
     n = pcg.nodes[i]
-    moves = node_moves(ctx.structure, i, views, config.dtype)
-    t = phase_seconds(moves, cluster, config.profile) if moves else {}
     f, b, sync, loss = t.get("fwd", 0.0), t.get("bwd", 0.0), t.get("sync", 0.0), t.get("loss", 0.0)
     if n.spec.is_source or ctx.layout[i] is not None:
-        return NodeCost(i, 0, 0, 0, 0, sync, loss), moves
+        return NodeCost(i, 0, 0, 0, 0, sync, loss)
     if n.spec.is_parallel_op:
         # a task of the runtime's: each pass that moves data pays the executor's own work
         # around its calls, which the runtime counts as compute
         own = 0.0
         if config.profile is not None and (f or b):
             own = config.profile.parallel_task(cluster.device_type(views[i].devices(n.outputs[0])[0]))
-        return NodeCost(i, own if f else 0.0, own if b else 0.0, f, b, 0, loss), moves
+        return NodeCost(i, own if f else 0.0, own if b else 0.0, f, b, 0, loss)
     devices = views[i].devices(n.outputs[0])
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
     inputs = tuple(pcg.shape(r) for r in n.inputs)
     mask = backward_mask(n.spec, inputs, [r in ctx.structure.grads for r in n.inputs])
     fwd, bwd = _compute_time(n.op, inputs, n.outputs, device, config.dtype, config.profile, mask)
-    return NodeCost(i, fwd, bwd, f, b, 0, loss), moves
+    return NodeCost(i, fwd, bwd, f, b, 0, loss)
 
 
 def _sizes_apart(a: float, b: float) -> tuple[str, str]:

@@ -380,23 +380,47 @@ def phase_seconds(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile 
     once (:func:`~unity_cli.cost.comm.groups_time`). Each of these calls also pays the
     profile's ``call_overhead`` of its phase (the runtime's work in a call beyond its
     transfer)."""
+    return {phase: calls.seconds(cluster, profile) for phase, calls in phase_calls(moves, cluster, profile).items()}
+
+
+@dataclass(frozen=True)
+class PhaseCalls:
+    """One phase's calls as :func:`phase_seconds` prices them, in a form that prices them
+    at any scale: the same calls with every message ``scale`` times larger (the resharding
+    of a larger tensor with the same splits: ``search/solver.unit_layouts``)."""
+
+    phase: str
+    p2p_latency: float                  # the slowest link's
+    p2p_busiest: float                  # the busiest device's or interface's transfer seconds
+    p2p: bool                           # any point-to-point messages
+    classes: tuple[tuple[Collective, int, tuple[tuple[int, ...], ...]], ...]   # (kind, buffer bytes, groups)
+
+    def seconds(self, cluster: ClusterSpec, profile: Profile | None = None, scale: int = 1) -> float:
+        t = self.p2p_latency + scale * self.p2p_busiest if self.p2p else 0.0
+        for kind, whole, groups in self.classes:
+            t += groups_time(kind, whole * scale, cluster, groups, profile)
+        if profile is not None:
+            t += profile.call_overhead(self.phase) * (len(self.classes) + self.p2p)
+        return t
+
+
+def phase_calls(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None = None) -> dict[str, PhaseCalls]:
+    """Each phase's moves grouped into the calls :func:`phase_seconds` prices."""
     by_phase: dict[str, list[Move]] = defaultdict(list)
     for m in moves:
         by_phase[m.phase].append(m)
     out = {}
     for phase, ms in by_phase.items():
-        t = p2p_seconds([m for m in ms if m.kind is Collective.P2P], cluster, profile)
+        p2p = [m for m in ms if m.kind is Collective.P2P]
+        latency, busiest = _p2p_parts(p2p, cluster, profile)
         classes: dict[tuple, list[tuple[int, ...]]] = defaultdict(list)
         for m in ms:
             if m.kind is not Collective.P2P:
                 classes[(m.kind, m.nbytes, len(m.group))].append(m.group)
-        for (kind, nb, g), groups in classes.items():
-            # comm.py's formulas take the whole buffer: for all-gather and reduce-scatter, g pieces
-            whole = nb * g if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER) else nb
-            t += groups_time(kind, whole, cluster, groups, profile)
-        if profile is not None:
-            t += profile.call_overhead(phase) * (len(classes) + any(m.kind is Collective.P2P for m in ms))
-        out[phase] = t
+        # comm.py's formulas take the whole buffer: for all-gather and reduce-scatter, g pieces
+        out[phase] = PhaseCalls(phase, latency, busiest, bool(p2p), tuple(
+            (kind, nb * g if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER) else nb, tuple(groups))
+            for (kind, nb, g), groups in classes.items()))
     return out
 
 
@@ -405,6 +429,12 @@ def p2p_seconds(messages: Sequence[Move], cluster: ClusterSpec, profile: Profile
     or the busiest node's network interface, plus the slowest link's latency."""
     if not messages:
         return 0.0
+    latency, busiest = _p2p_parts(messages, cluster, profile)
+    return latency + busiest
+
+
+def _p2p_parts(messages: Sequence[Move], cluster: ClusterSpec, profile: Profile | None) -> tuple[float, float]:
+    """(the slowest link's latency, the busiest device's or interface's transfer seconds)."""
     out: Counter[int] = Counter()
     into: Counter[int] = Counter()
     nic_out: Counter[int] = Counter()
@@ -420,8 +450,7 @@ def p2p_seconds(messages: Sequence[Move], cluster: ClusterSpec, profile: Profile
         if a != b:
             nic_out[a] += t
             nic_in[b] += t
-    busiest = max(max(c.values(), default=0.0) for c in (out, into, nic_out, nic_in))
-    return latency + busiest
+    return latency, max(max(c.values(), default=0.0) for c in (out, into, nic_out, nic_in))
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -55,12 +55,13 @@ from ..cost.model import (
     CostConfig,
     CostContext,
     _compute_time,
+    cost_of_phases,
     estimate,
     memory_per_device,
-    node_cost,
     price_table,
     update_seconds,
 )
+from ..cost.moves import node_moves, phase_calls
 from ..deadline import check
 from ..errors import ShapeError
 from ..ir.ops.elementwise import UnaryAttrs
@@ -201,12 +202,33 @@ SHARED_LIMIT = 200_000
 """Entries each of the solver's shared price tables keeps before it starts afresh."""
 
 
+def unit_layouts(source: ParallelTensorShape, target: ParallelTensorShape
+                 ) -> tuple[ParallelTensorShape, ParallelTensorShape, int]:
+    """The same resharding at the least sizes that keep every split even, and the factor
+    every piece grows by at the real sizes. Splits are even (a dim's size is a multiple of
+    its degree), so each dim of ``source`` -> ``target`` can shrink to the least common
+    multiple of its two degrees (every degree on the way divides one of them): each piece,
+    each region read and each message then shrinks by the same ``factor``, and the moves
+    of the real resharding are the unit's with their bytes times ``factor``."""
+    sizes, factor = [], 1
+    for a, b in zip(source.dims, target.dims, strict=True):
+        unit = math.lcm(a.degree, b.degree)
+        sizes.append(unit)
+        factor *= a.size // unit
+    small = [ParallelTensorShape.of(tuple(sizes), s.degrees, s.dtype, s.sum_degree, s.copy_degree)
+             for s in (source, target)]
+    return small[0], small[1], factor
+
+
 class _Pricer:
-    """Times of resharding and of weight layouts, priced by the cost model on tiny graphs."""
+    """Times of resharding and of weight layouts, priced by the cost model on tiny graphs:
+    each resharding's moves found once at its unit sizes (:func:`unit_layouts`), then
+    priced at every size it is asked for."""
 
     def __init__(self, cluster: ClusterSpec, config: CostConfig):
         self.cluster, self.config = cluster, config
         self._cache = price_table(cluster, config, "solver moves", SHARED_LIMIT)
+        self._units = price_table(cluster, config, "solver unit moves", SHARED_LIMIT)
 
     def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: Tensor = Tensor.ACTIVATION,
              grad: bool = True) -> float:
@@ -228,6 +250,24 @@ class _Pricer:
                grad: bool) -> tuple[float, float]:
         if source == target and kind is Tensor.ACTIVATION:
             return 0.0, 0.0
+        small, big, factor = unit_layouts(source, target)
+        key = (small, big, kind, grad)
+        unit = self._units.get(key)
+        if unit is None:
+            unit = self._units[key] = self._unit(small, big, kind, grad)
+        if unit is None:
+            return math.inf, math.inf
+        ctx, views, parts, held = unit
+        cluster, profile = self.cluster, self.config.profile
+        costs = [cost_of_phases(ctx, i, views, {ph: c.seconds(cluster, profile, factor) for ph, c in calls.items()})
+                 for i, calls in parts]
+        seconds = sum(c.compute_fwd + c.compute_bwd + c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
+        return seconds, held * factor
+
+    def _unit(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: Tensor, grad: bool) -> tuple | None:
+        """The resharding's tiny graph at these sizes: (its cost context, views, each parallel
+        op's calls per phase, the most bytes any device holds of its buffers); None: no
+        resharding reaches ``target``."""
         b = GraphBuilder()
         if kind is Tensor.ACTIVATION:
             # Made by an op (a source's layout is set up once, not paid per step) that reads a
@@ -241,9 +281,7 @@ class _Pricer:
         try:
             y = reshard(b, x, target)
         except ShapeError:
-            return math.inf, math.inf
-        if y == x:
-            return 0.0, 0.0
+            return None
         pcg = b.build([y])
         # The cost model's per-node prices, as estimate() takes them (no step simulation
         # needed; a parallel op's compute is the executor's own work around its calls), of
@@ -251,12 +289,13 @@ class _Pricer:
         # nor the loss this tiny graph ends in.
         ctx = CostContext.of(pcg, self.cluster, self.config)
         views = default_views(pcg)
-        costs = [node_cost(ctx, i, views) for i in range(first, len(pcg))]
-        seconds = sum(c.compute_fwd + c.compute_bwd + c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
+        parts = tuple((i, phase_calls(node_moves(ctx.structure, i, views, self.config.dtype), self.cluster,
+                                      self.config.profile)) for i in range(first, len(pcg)))
         if kind is not Tensor.ACTIVATION:
-            return seconds, 0.0       # a weight's pieces are counted with the operator that reads them
+            return ctx, views, parts, 0.0       # a weight's pieces are counted with the operator that reads them
         devs = [views[i].devices(n.outputs[0]) if i >= first else () for i, n in pcg]   # the resharding's only
-        return seconds, float(max(memory_per_device(pcg, devs, ctx.layout, self.cluster.num_devices, self.config)))
+        held = float(max(memory_per_device(pcg, devs, ctx.layout, self.cluster.num_devices, self.config)))
+        return ctx, views, parts, held
 
 
 class Tables:

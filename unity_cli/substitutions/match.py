@@ -212,6 +212,19 @@ def _params(v) -> list[str]:
     return []
 
 
+class _Unmoved(dict):
+    """A remapping of tensor refs where the nodes before ``start`` keep their places."""
+
+    def __init__(self, start: int):
+        super().__init__()
+        self.start = start
+
+    def __missing__(self, r: TensorRef) -> TensorRef:
+        if r.node < self.start:
+            return r
+        raise KeyError(r)
+
+
 def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, check: bool = True) -> PCG:
     """The PCG with the match replaced by the rule's target; RewriteError if that fails.
 
@@ -231,11 +244,13 @@ def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, che
     src_outs = [m.tensors[t] for t in m.rule.src.outputs]
     inputs = {t: m.tensors[t] for t in m.rule.inputs if t in m.tensors}
     dst_key = min(matched)
-    # Kahn's algorithm over the unmatched nodes plus one block for the target, in original order.
-    deps: dict[object, set[object]] = {"dst": {r.node for r in inputs.values()}}
-    for i, n in pcg:
+    # Kahn's algorithm over the unmatched nodes plus one block for the target, in original
+    # order. The nodes before the match's first come first and unchanged (theirs are all
+    # earlier still): they are copied as they are, and the order is walked from there.
+    deps: dict[object, set[object]] = {"dst": {r.node for r in inputs.values() if r.node >= dst_key}}
+    for i in range(dst_key, len(pcg.nodes)):
         if i not in matched:
-            deps[i] = {("dst" if r.node in matched else r.node) for r in n.inputs}
+            deps[i] = {("dst" if r.node in matched else r.node) for r in pcg.nodes[i].inputs if r.node >= dst_key}
     users: dict[object, list[object]] = {k: [] for k in deps}
     for k, ds in deps.items():
         for d in ds:
@@ -244,7 +259,8 @@ def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, che
     heap = [((dst_key if k == "dst" else k), str(k), k) for k, d in indeg.items() if d == 0]
     heapq.heapify(heap)
     b = GraphBuilder()
-    remap: dict[TensorRef, TensorRef] = {}
+    b.nodes = list(pcg.nodes[:dst_key])
+    remap: dict[TensorRef, TensorRef] = _Unmoved(dst_key)
     done = 0
     try:
         while heap:
