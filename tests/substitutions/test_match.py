@@ -79,6 +79,16 @@ def test_parallelization_rule_takes_its_degree_from_the_caller():
         apply_match(g, m, {"d": 5})
 
 
+def test_a_target_operator_with_more_pieces_than_devices_is_refused_before_the_rebuild():
+    """``max_pieces`` refuses a target whose operator has more pieces than there are devices
+    (the search's limit), and changes nothing where it does not bind."""
+    g = mlp()
+    [m] = find_matches(g, column_split())
+    with pytest.raises(RewriteError, match="4 pieces, more than 2"):
+        apply_match(g, m, {"d": 4}, max_pieces=2)
+    assert apply_match(g, m, {"d": 4}, max_pieces=4) == apply_match(g, m, {"d": 4})
+
+
 def test_rewrites_of_a_real_model_stay_valid(tiny_models):
     m = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(batch_size=4))
     matches = find_matches(m.pcg, column_split())

@@ -185,7 +185,7 @@ class JointSearch:
                 for d in (self.degrees if free else (0,)):
                     params = {p: d for p in free}
                     try:
-                        new = simplify(apply_match(g, m, params, check=False))
+                        new = simplify(apply_match(g, m, params, check=False, max_pieces=self.cluster.num_devices))
                     except RewriteError:
                         continue
                     if max(n.outputs[0].pieces for _, n in new) > self.cluster.num_devices:

@@ -212,6 +212,27 @@ def _params(v) -> list[str]:
     return []
 
 
+def _check_target(pcg: PCG, m: Match, inputs: Mapping[str, TensorRef], src_outs: list[TensorRef],
+                  binding: Mapping[str, int], max_pieces: int | None) -> None:
+    """The target built after the graph's nodes, on its own: what :func:`apply_match` refuses
+    (a shape error, an output that differs from the source's, too many pieces) is refused
+    before the graph is rebuilt."""
+    b = GraphBuilder()
+    b.nodes = list(pcg.nodes)
+    try:
+        outs = instantiate(m.rule.dst, b, inputs, binding)
+    except ShapeError as e:
+        raise RewriteError(f"rule {m.rule.id} at %{m.root}: {e}") from None
+    for old, new in zip(src_outs, outs, strict=True):
+        if b.shape(new) != pcg.shape(old):
+            raise RewriteError(f"target output {b.shape(new)} differs from source {pcg.shape(old)}")
+    if max_pieces is not None:   # (a parallel op's may cancel against another's when the graph is simplified)
+        for n in b.nodes[len(pcg.nodes):]:
+            if not n.spec.is_parallel_op and n.outputs[0].pieces > max_pieces:
+                raise RewriteError(f"rule {m.rule.id} at %{m.root}: {n.kind} would make {n.outputs[0].pieces} "
+                                   f"pieces, more than {max_pieces}")
+
+
 class _Unmoved(dict):
     """A remapping of tensor refs where the nodes before ``start`` keep their places."""
 
@@ -225,12 +246,15 @@ class _Unmoved(dict):
         raise KeyError(r)
 
 
-def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, check: bool = True) -> PCG:
+def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, check: bool = True,
+                max_pieces: int | None = None) -> PCG:
     """The PCG with the match replaced by the rule's target; RewriteError if that fails.
 
     ``params`` gives the values of the rule's free parameters (see :func:`free_params`).
-    The target's nodes are always shape-checked; ``check`` also re-validates the whole
-    graph (the search turns it off: nothing outside the match can change).
+    The target's nodes are always shape-checked, before the graph is rebuilt, and so is
+    ``max_pieces`` (a target operator with more pieces than that is refused: the search's
+    device count); ``check`` also re-validates the whole graph (the search turns it off:
+    nothing outside the match can change).
     """
     binding = {**(params or {}), **m.binding}
     missing = [p for p in m.rule.params if p not in binding]
@@ -243,6 +267,7 @@ def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, che
     matched = set(m.nodes)
     src_outs = [m.tensors[t] for t in m.rule.src.outputs]
     inputs = {t: m.tensors[t] for t in m.rule.inputs if t in m.tensors}
+    _check_target(pcg, m, inputs, src_outs, binding, max_pieces)
     dst_key = min(matched)
     # Kahn's algorithm over the unmatched nodes plus one block for the target, in original
     # order. The nodes before the match's first come first and unchanged (theirs are all
