@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from models.catalog import mlp_model
 
 from unity_cli.cli import cli
 from unity_cli.cluster import load_cluster
@@ -29,16 +28,6 @@ LOCAL = REPO / "cluster_specs" / "local-cpu.yaml"
 BIN = Path(sys.executable).parent
 FAST = TimingPolicy(min_repeats=2, min_seconds=0.001, max_repeats=5, max_seconds=5.0)
 P2P, AR = Collective.P2P, Collective.ALL_REDUCE
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    return load_cluster(LOCAL)
-
-
-@pytest.fixture(scope="module")
-def mlp(tmp_path_factory) -> Path:
-    return mlp_model(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
 
 
 def _plan(mlp: Path, out: Path, strategy: str, spec: Path = LOCAL) -> Path:

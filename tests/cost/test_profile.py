@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from models.catalog import mlp_model
 
 from unity_cli.cli import cli
 from unity_cli.cluster import load_cluster
@@ -42,16 +41,6 @@ REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "cluster_specs" / "local-cpu.yaml"
 BIN = Path(sys.executable).parent
 FAST = TimingPolicy(min_repeats=2, min_seconds=0.001, max_repeats=5, max_seconds=5.0)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    return load_cluster(LOCAL)
-
-
-@pytest.fixture(scope="module")
-def mlp(tmp_path_factory) -> Path:
-    return mlp_model(tmp_path_factory.mktemp("mlp") / "mlp.onnx")
 
 
 @pytest.fixture(scope="module")
