@@ -239,3 +239,7 @@ def test_after_the_search_every_activation_that_saves_time_is_fused(tmp_path, cl
     slower = replace(before, step_time=before.step_time * 2)
     monkeypatch.setattr(joint, "estimate", lambda *_: slower)
     assert joint.fuse_activations(start, cluster, CostConfig(), rules)[0] is start
+    # The run's time ceiling passed: the plan as it was stands (the search's result is kept).
+    from unity_cli.deadline import ceiling
+    with ceiling(0.0):
+        assert joint.fuse_activations(start, cluster, CostConfig(), rules) == (start, 0)

@@ -265,7 +265,9 @@ def fuse_activations(found: Found, cluster: ClusterSpec, config: CostConfig, rul
     polish's patience and its matches per rule leave some unfused on large graphs; each
     saves a task and a pass over the product's output, and once the graph is parallelized
     it can no longer take a row split away: an activation after partial sums follows
-    their reduction, so it does not match). Returns the plan and how many graphs it priced."""
+    their reduction, so it does not match). A match refused is not tried again while its
+    root and what feeds it stay the same (its structural hash). When the run's time ceiling
+    passes, the plan fused so far stands. Returns the plan and how many graphs it priced."""
     fusing = fusing_rules(rules)
     cur, priced, refused = found, 0, set()
     changed = True
@@ -277,23 +279,25 @@ def fuse_activations(found: Found, cluster: ClusterSpec, config: CostConfig, rul
                 continue
             for m in find_matches(cur.pcg, rule):
                 node = cur.pcg.nodes[m.root]
-                at = node.name or node.kind
-                if (rule.id, at) in refused:
+                at = (rule.id, cur.pcg.node_hashes[m.root])
+                if at in refused:
                     continue
-                check()
                 try:
+                    check()
                     new = simplify(apply_match(cur.pcg, m, check=False))
+                    views = default_views(new)
+                    rep = estimate(new, views, cluster, config)
                 except RewriteError:
-                    refused.add((rule.id, at))
+                    refused.add(at)
                     continue
-                views = default_views(new)
-                rep = estimate(new, views, cluster, config)
+                except OutOfTime:
+                    return cur, priced
                 priced += 1
                 if not (rep.feasible and _faster(rep, cur.report)):
-                    refused.add((rule.id, at))
+                    refused.add(at)
                     continue
                 rid = rule.reversed().id if reverse else rule.id
-                step = Applied(rid, rule.name, reverse, at, (), saved(cur.report, rep))
+                step = Applied(rid, rule.name, reverse, node.name or node.kind, (), saved(cur.report, rep))
                 cur = Found(new, views, rep, cur.start, cur.path + (step,))
                 changed = True
                 break

@@ -252,9 +252,9 @@ class _Pricer:
             return 0.0, 0.0
         small, big, factor = unit_layouts(source, target)
         key = (small, big, kind, grad)
-        unit = self._units.get(key)
-        if unit is None:
-            unit = self._units[key] = self._unit(small, big, kind, grad)
+        if key not in self._units:
+            self._units[key] = self._unit(small, big, kind, grad)
+        unit = self._units[key]
         if unit is None:
             return math.inf, math.inf
         ctx, views, parts, held = unit
