@@ -366,16 +366,34 @@ def _whole_price(cl, config, source, target, kind, grad):
     return seconds, float(max(memory_per_device(pcg, devs, ctx.layout, cl.num_devices, config)))
 
 
+def _profile(per_node: int):
+    """A profile of the test cluster's GPUs: measured links, collective fits at a node's
+    group size (their alpha-beta not the links'), and a call overhead per phase."""
+    from unity_cli.cost.profile import Profile
+
+    fit = {"ranks": per_node, "alpha_s": 9e-6, "beta_s_per_byte": 3e-12, "samples": []}
+    links = {kind: {"latency_s": lat, "bandwidth_Bps": bw, "samples": []}
+             for kind, lat, bw in (("intra-node", 3e-6, 2e11), ("inter-node", 8e-6, 2e10))}
+    return Profile.from_json({
+        "format": "unity-profile/1", "machine": {}, "settings": {}, "compute": {},
+        "comm": {"device_type": "gpu", "device_kind": "gpu", "ranks": per_node, "hosts": 1, "links": links,
+                 "collectives": {k: {"intra-node": fit} for k in ("all-reduce", "all-gather", "broadcast")},
+                 "call_overhead_s": {"fwd": 1e-5, "bwd": 2e-5, "sync": 4e-5}}})
+
+
+@pytest.mark.parametrize("profiled", [False, True], ids=["roofline", "profiled"])
 @pytest.mark.parametrize("nodes,per_node", [(1, 4), (2, 3), (1, 6)])
-def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, per_node):
+def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, per_node, profiled):
     """The solver prices each resharding's moves once at the least sizes that keep its
     splits even and scales their bytes: on random layouts (dims split, partial sums,
-    replicas; activations and weights) the time and the memory equal the cost model's
-    pricing of the whole-size graph, and the scaling did happen (the unit is smaller)."""
+    replicas; activations and weights), with the spec's links or a profile's (fits of the
+    collectives, call overheads), the time and the memory equal the cost model's pricing
+    of the whole-size graph, and the scaling did happen (the unit is smaller)."""
     from unity_cli.ir.shapes import ParallelTensorShape
     from unity_cli.search.solver import Tensor, _Pricer, unit_layouts
 
     cl = cluster(nodes, per_node)
+    config = CostConfig(profile=_profile(per_node)) if profiled else CostConfig()
     n = cl.num_devices
     rng = np.random.default_rng(nodes * 10 + per_node)
     sizes = (48, 36, 10)
@@ -388,7 +406,7 @@ def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, 
                 sums = int(rng.choice([g for g in (1, 2, 3) if rest % g == 0]))
                 return ParallelTensorShape.of(sizes, degrees, sum_degree=sums, copy_degree=rest // sums)
 
-    checked = 0
+    checked = differs = 0
     for _ in range(40):
         source, target = layout(), layout()
         kind = Tensor.ACTIVATION if rng.random() < 0.7 else Tensor.WEIGHT
@@ -396,13 +414,16 @@ def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, 
             source = ParallelTensorShape.of(sizes, (1, 1, 1))
             target = target.with_replicas(sum_degree=1, copy_degree=target.sum_degree * target.copy_degree)
         grad = bool(rng.random() < 0.8)
-        got = _Pricer(cl, CostConfig()).priced(source, target, kind, grad)
+        got = _Pricer(cl, config).priced(source, target, kind, grad)
         try:
-            want = _whole_price(cl, CostConfig(), source, target, kind, grad)
+            want = _whole_price(cl, config, source, target, kind, grad)
         except ShapeError:    # no resharding reaches it (partial sums from none)
             assert got == (math.inf, math.inf)
             continue
         assert got[0] == pytest.approx(want[0], rel=1e-12, abs=0), (source, target, kind)
         assert got[1] == want[1], (source, target, kind)
         checked += unit_layouts(source, target)[2] > 1 and want[0] > 0
+        if profiled:   # the profile's prices are the ones in play
+            differs += got[0] != _Pricer(cl, CostConfig()).priced(source, target, kind, grad)[0]
     assert checked >= 10
+    assert differs >= 10 if profiled else differs == 0
