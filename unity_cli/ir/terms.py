@@ -18,7 +18,7 @@ import z3 (guards such as ``v.k > 0`` are built by the operators of z3's own ter
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,16 +35,13 @@ def need(ok: bool, what: str) -> None:
         raise IllTyped(what)
 
 
-Run = Callable[..., Sequence[Any]]
-"""``run(attrs, *arrays)``: an operator's outputs on numpy arrays, by its kernel. A symbol's
-meaning calls it, so the verifier's numeric model is the runtime's own implementation."""
-
-
 @dataclass(frozen=True)
 class Symbol:
     """A function symbol of the signature: argument sorts (``"T"`` a tensor, ``"I"`` an
     integer; it returns a tensor) and its meaning, ``meaning(run, *args)``, which checks
-    the symbol's domain with :func:`need` (the shape facts its name carries)."""
+    the symbol's domain with :func:`need` (the shape facts its name carries) and computes
+    with ``run(attrs, *arrays)``, an operator's outputs by its kernel: the verifier's numeric
+    model is the runtime's own implementation."""
 
     name: str
     args: tuple[str, ...]

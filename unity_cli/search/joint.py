@@ -246,15 +246,15 @@ class SolvedSearch(JointSearch):
         return found if solved is None else Found(solved, found.views, found.report, found.start, found.path)
 
 
-def fusing_rules(rules: Sequence[Rule]) -> list[tuple[Rule, bool]]:
+def fusing_rules(rules: Sequence[Rule]) -> list[tuple[Rule, str, bool]]:
     """The fusion rules read in the direction that fuses (an activation into its product),
-    each with whether that is the stored rule reversed; in id order."""
+    each with the id a plan cites and whether that is the stored rule reversed; in id order."""
     out = []
     for r in rules:
         if not r.is_fusion:
             continue
         into = any(k == "activation" and v for n in r.dst.nodes for k, v in n.attrs)
-        out.append((r, False) if into else (r.reversed(), True))
+        out.append((r, r.id, False) if into else (r.reversed(), r.id, True))
     return sorted(out, key=lambda rr: rr[0].id)
 
 
@@ -269,38 +269,43 @@ def fuse_activations(found: Found, cluster: ClusterSpec, config: CostConfig, rul
     root and what feeds it stay the same (its structural hash). When the run's time ceiling
     passes, the plan fused so far stands. Returns the plan and how many graphs it priced."""
     fusing = fusing_rules(rules)
-    cur, priced, refused = found, 0, set()
-    changed = True
-    while changed:
-        changed = False
-        present = cur.pcg.by_kind.keys()
-        for rule, reverse in fusing:
-            if not {n.kind for n in rule.src.nodes} <= present:
+    cur, refused, priced = found, set(), 0
+    try:
+        while True:
+            new, n = _next_fusion(cur, fusing, cluster, config, refused)
+            priced += n
+            if new is None:
+                return cur, priced
+            cur = new
+    except OutOfTime:
+        return cur, priced
+
+
+def _next_fusion(cur: Found, fusing: Sequence[tuple[Rule, str, bool]], cluster: ClusterSpec, config: CostConfig,
+                 refused: set) -> tuple[Found | None, int]:
+    """``cur`` with the first fusion (in rule order, then match order) that makes it faster
+    (None: none does), and how many graphs it priced; the matches it refused join ``refused``."""
+    present, priced = cur.pcg.by_kind.keys(), 0
+    for rule, rid, reverse in fusing:
+        if not {n.kind for n in rule.src.nodes} <= present:
+            continue
+        for m in find_matches(cur.pcg, rule):
+            at = (rule.id, cur.pcg.node_hashes[m.root])
+            if at in refused:
                 continue
-            for m in find_matches(cur.pcg, rule):
-                node = cur.pcg.nodes[m.root]
-                at = (rule.id, cur.pcg.node_hashes[m.root])
-                if at in refused:
-                    continue
-                try:
-                    check()
-                    new = simplify(apply_match(cur.pcg, m, check=False))
-                    views = default_views(new)
-                    rep = estimate(new, views, cluster, config)
-                except RewriteError:
-                    refused.add(at)
-                    continue
-                except OutOfTime:
-                    return cur, priced
-                priced += 1
-                if not (rep.feasible and _faster(rep, cur.report)):
-                    refused.add(at)
-                    continue
-                rid = rule.reversed().id if reverse else rule.id
-                step = Applied(rid, rule.name, reverse, node.name or node.kind, (), saved(cur.report, rep))
-                cur = Found(new, views, rep, cur.start, cur.path + (step,))
-                changed = True
-                break
-            if changed:
-                break
-    return cur, priced
+            check()
+            try:
+                new = simplify(apply_match(cur.pcg, m, check=False))
+            except RewriteError:
+                refused.add(at)
+                continue
+            views = default_views(new)
+            rep = estimate(new, views, cluster, config)
+            priced += 1
+            if not (rep.feasible and _faster(rep, cur.report)):
+                refused.add(at)
+                continue
+            node = cur.pcg.nodes[m.root]
+            step = Applied(rid, rule.name, reverse, node.name or node.kind, (), saved(cur.report, rep))
+            return Found(new, views, rep, cur.start, cur.path + (step,)), priced
+    return None, priced

@@ -209,7 +209,10 @@ def unit_layouts(source: ParallelTensorShape, target: ParallelTensorShape
     its degree), so each dim of ``source`` -> ``target`` can shrink to the least common
     multiple of its two degrees (every degree on the way divides one of them): each piece,
     each region read and each message then shrinks by the same ``factor``, and the moves
-    of the real resharding are the unit's with their bytes times ``factor``."""
+    of the real resharding are the unit's with their bytes times ``factor``. ShapeError:
+    the two are not layouts of one tensor."""
+    if source.logical != target.logical:
+        raise ShapeError(f"cannot reshard {source} into {target}: logical shapes differ")
     sizes, factor = [], 1
     for a, b in zip(source.dims, target.dims, strict=True):
         unit = math.lcm(a.degree, b.degree)
@@ -250,7 +253,10 @@ class _Pricer:
                grad: bool) -> tuple[float, float]:
         if source == target and kind is Tensor.ACTIVATION:
             return 0.0, 0.0
-        small, big, factor = unit_layouts(source, target)
+        try:
+            small, big, factor = unit_layouts(source, target)
+        except ShapeError:
+            return math.inf, math.inf
         key = (small, big, kind, grad)
         if key not in self._units:
             self._units[key] = self._unit(small, big, kind, grad)
