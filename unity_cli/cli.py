@@ -76,6 +76,25 @@ def check_number(option: str, value: float | int | None, low: float | None = Non
         raise UsageError(f"{option} must be {kind}{' ' + where if where else ''}, got {value}")
 
 
+def _sync_bucket(text: str) -> int | None:
+    """``--sync-bucket``: None for auto, 0 for flat, else a size in bytes (a one-line
+    UsageError on anything else)."""
+    word = text.strip().lower()
+    if word == "auto":
+        return None
+    if word in ("flat", "0"):
+        return 0
+    from .cluster.units import parse_bytes
+
+    try:
+        size = parse_bytes(text)
+    except ValueError as e:
+        raise UsageError(f"--sync-bucket {text!r}: expected auto, flat or a size such as 4MiB ({e})") from None
+    if not 1 <= size <= MAX_MEMORY:
+        raise UsageError(f"--sync-bucket {text!r}: must be from 1 byte to {MAX_MEMORY >> 50} PiB")
+    return size
+
+
 def _memory_limit(text: str | None) -> int | None:
     """``--memory-limit`` in bytes: a size with its unit (``12GiB``, ``16 GB``) or a bare
     number of GB; a one-line UsageError on anything else, zero, NaN or infinity."""
@@ -183,6 +202,10 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--memory-limit", metavar="SIZE",
               help="Memory per device the plan may use: a size such as 12GiB or 16GB; a bare number is GB "
                    "(default: each device's capacity).")
+@click.option("--sync-bucket", default="auto", show_default=True, metavar="auto|flat|SIZE",
+              help="The gradient sync: auto (buckets, of the size that prices fastest, where the profile "
+                   "measured an all-reduce hiding under compute; else flat) | flat (one all-reduce per group "
+                   "after backward) | SIZE (buckets of at least SIZE, e.g. 4MiB, started during backward).")
 @click.option("--alpha", type=float, default=1.05, show_default=True,
               help="The joint search expands candidates within this factor of the best.")
 @click.option("--out", "out_path", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
@@ -200,7 +223,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
              optimizer: str, strategy: str, budget: float | None, max_candidates: int | None,
              memory_limit: str | None, alpha: float, out_path: str,
              rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
-             report_path: str | None = None) -> None:
+             report_path: str | None = None, sync_bucket: str = "auto") -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     started = time.monotonic()     # --budget counts from here: loading and importing are part of the run
     from .cluster import cluster_path as find_cluster
@@ -220,6 +243,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     check_number("--budget", budget, 0, low_open=True)
     check_number("--max-candidates", max_candidates, 1, MAX_COUNT)
     limit = _memory_limit(memory_limit)
+    bucket = _sync_bucket(sync_bucket)
     check_number("--alpha", alpha, 1)
     spec = find_cluster(cluster_path) if cluster_path else None   # a path or a bundled name
     reads = {"model": model, "cluster spec": spec, "rule cache": rules_path, "profile": profile_path}
@@ -232,7 +256,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     if profile_path and no_profile:
         raise UsageError("--profile and --no-profile: pick one")
     profile, profile_note = profile_for(cluster, profile_path, use_default=not no_profile)
-    config = CostConfig(DType(dtype), Optimizer(optimizer), limit, profile)
+    config = CostConfig(DType(dtype), Optimizer(optimizer), limit, profile, sync_bucket=bucket)
     progress = Progress("search", enabled=None if not as_json else False)
 
     work = max_candidates or DEFAULT_CANDIDATES
@@ -460,7 +484,7 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
     from .plan.plan import load_plan
     from .report.explain import data_parallel_rows
     from .report.operators import operator_rows
-    from .report.summary import summary
+    from .report.summary import summary, sync_summary
 
     check_number("--operators", operators, 0, MAX_COUNT)
     plan = load_plan(plan_path)
@@ -470,7 +494,7 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
         rows = operator_rows(plan.pcg, plan.views, plan.cluster, plan_config(plan))
         top = sorted(rows, key=lambda r: (-r.total_ms, r.name))[:operators]
         doc = {"strategy": plan.strategy, "predicted": plan.predicted, "baselines": plan.baselines,
-               "rewrites": list(plan.rewrites),
+               "rewrites": list(plan.rewrites), "sync": sync_summary(plan),
                "operators": [{"name": r.name, "kind": r.kind, "parallel_shape": r.degrees, "devices": r.devices,
                               "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
                               "data_parallel_ms": baseline[r.name].total_ms if baseline and r.name in baseline

@@ -135,6 +135,12 @@ CASES = [
          ["{plan.json}", "predicted.step_time_ms"],
          _write("plan.json", lambda m: _plan_edited(
              m, lambda d: d["predicted"].update(step_time_ms=0.001), reseal=True))),
+    Case("plan with a negative sync bucket, sealed again", ["explain", "{plan.json}"],
+         ["{plan.json}", "config.sync_bucket_bytes", "-5"],
+         _write("plan.json", lambda m: _plan_edited(
+             m, lambda d: d["config"].update(sync_bucket_bytes=-5), reseal=True))),
+    Case("optimize with a sync bucket that is no size", ["optimize", "{mlp.onnx}", "--sync-bucket", "lots", "--out",
+                                                          "{p.json}"], ["--sync-bucket", "'lots'"], _copy("mlp.onnx")),
     Case("rule cache without its hashes", ["optimize", "{mlp.onnx}", "--rules", "{rules.json}", "--out",
                                            "{p.json}"], ["{rules.json}", "content_hash"],
          _write("rules.json", _no_hashes, "mlp.onnx")),

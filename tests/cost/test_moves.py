@@ -13,9 +13,10 @@ import pytest
 
 from unity_cli.cluster import load_cluster
 from unity_cli.cluster.collectives import Collective, sent_bytes
-from unity_cli.cost.model import CostConfig, estimate
-from unity_cli.cost.moves import Structure, moves_of, sent_per_device
+from unity_cli.cost.model import CostConfig, estimate, weight_syncs
+from unity_cli.cost.moves import Structure, moves_of, node_moves, sent_per_device
 from unity_cli.errors import PlanError
+from unity_cli.ir.buckets import sync_buckets
 from unity_cli.ir.machine_view import MachineView, check_view, parallel_axes
 from unity_cli.ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
@@ -27,6 +28,7 @@ from unity_cli.ir.validate import validate
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.runtime.executor import planned_sent
 from unity_cli.runtime.program import build_program
+from unity_cli.runtime.weights import weight_syncs as runtime_weight_syncs
 from unity_cli.search.baselines import STRATEGIES
 from unity_cli.search.mapping import dp_map
 from unity_cli.search.views import default_views
@@ -68,6 +70,12 @@ def assert_bytes_equal(pcg, views, n: int) -> None:
         sent = [planned_sent(prog, r, n).total for r in range(n)]
         assert predicted == sent, (loss, [float(x) for x in predicted], [float(x) for x in sent])
         COUNT["checks"] += 1
+    # The gradient sync's buckets the cost model prices are those the runtime runs.
+    st = Structure.of(pcg, n)
+    priced = weight_syncs(st, [node_moves(st, i, views) for i in range(len(pcg))])
+    ran = runtime_weight_syncs(prog)
+    for bucket in (0, 1, 64, 4096):
+        assert sync_buckets(pcg, priced, bucket) == sync_buckets(pcg, ran, bucket)
 
 
 def random_view(shape, n: int, rng: random.Random) -> MachineView:

@@ -354,6 +354,11 @@ def test_mpiexec_measures_links_and_collectives(tmp_path):
         assert fit["ranks"] == 2 and fit["alpha_s"] >= 0 and fit["beta_s_per_byte"] > 0
     prof = load_profile(out)
     assert prof.link("intra-node") is not None and prof.collective("all-reduce", "intra-node", 2) is not None
+    # how much of a nonblocking all-reduce hides under compute: measured, a share
+    ov = comm["sync_overlap"]
+    assert 0 <= ov["fraction"] <= 1 and ov["bytes"] == 4 << 20 and len(ov["samples"]) >= 5
+    assert all(alone > 0 and compute > 0 and both > 0 for alone, compute, both in ov["samples"])
+    assert prof.sync_overlap(load_cluster(LOCAL).nodes[0].device) == ov["fraction"]
 
 
 def test_update_overhead_is_added_per_weight_piece(profiled, mlp, cluster):

@@ -62,12 +62,12 @@ class Plans:
         path = self.models / f"{name}.onnx"
         return path if path.exists() else EXPORTED_DIR / f"{name}.onnx"   # the real torch exports
 
-    def get(self, name: str, strategy: str, devices: int = 2, batch: int = 4) -> Path:
-        key = (name, strategy, devices, batch)
+    def get(self, name: str, strategy: str, devices: int = 2, batch: int = 4, sync_bucket: str = "auto") -> Path:
+        key = (name, strategy, devices, batch, sync_bucket)
         if key not in self.cache:
-            out = self.root / f"{name}-{strategy}-{devices}-{batch}.json"
+            out = self.root / f"{name}-{strategy}-{devices}-{batch}-{sync_bucket}.json"
             args = ["optimize", str(self.model(name)), "--cluster", str(self.specs[devices]), "--batch-size",
-                    str(batch), "--strategy", strategy, "--out", str(out), "--json"]
+                    str(batch), "--strategy", strategy, "--out", str(out), "--json", "--sync-bucket", sync_bucket]
             if strategy == "unity":
                 args += ["--max-candidates", "40"]
             r = CliRunner().invoke(cli, args)

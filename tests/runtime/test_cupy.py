@@ -58,8 +58,11 @@ def test_one_gpu_run_matches_one_process(plans):
 
 @pytest.mark.skipif(GPUS < 2, reason="NCCL between two ranks needs two GPUs")
 @pytest.mark.parametrize("strategy", ["data_parallel", "tensor_parallel"])
-def test_two_gpu_nccl_run_matches_one_process(plans, strategy):
-    plan = plans.get("bert_tiny", strategy, 2)
+@pytest.mark.parametrize("sync_bucket", ["flat", "1KiB"])
+def test_two_gpu_nccl_run_matches_one_process(plans, strategy, sync_bucket):
+    """Flat, and bucketed: each bucket's all-reduce on the side stream, after the gradients it
+    sums, and the update after all of them."""
+    plan = plans.get("bert_tiny", strategy, 2, sync_bucket=sync_bucket)
     doc = run_json(plan, "--check", "--steps", "2", "--backend", "cupy", ranks=2)
     assert doc["backend"] == "cupy" and doc["check"]["passed"], doc["check"]
 
@@ -94,6 +97,14 @@ def _exercise(comm, xp) -> None:
     comm.sync()
     for y in (gathered[0], scattered, got):
         np.testing.assert_array_equal(xp.asnumpy(y) if xp is not np else y, np.arange(6))
+    # a bucketed gradient sync's calls: started without waiting, tested, waited for
+    buckets = [xp.arange(k, k + 4, dtype=xp.float32) for k in range(3)]
+    requests = [comm.iallreduce(group, b) for b in buckets]
+    comm.test_all(requests)
+    comm.wait_all(requests)
+    comm.sync()
+    for k, b in enumerate(buckets):
+        np.testing.assert_array_equal(xp.asnumpy(b) if xp is not np else b, np.arange(k, k + 4))
 
 
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("cupy", marks=needs_gpu)])

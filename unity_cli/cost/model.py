@@ -24,6 +24,7 @@ from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes
 from ..deadline import check
 from ..errors import ShapeError
+from ..ir.buckets import AFTER_BACKWARD, WeightSync, sync_buckets
 from ..ir.dtypes import DType
 from ..ir.machine_view import MachineView
 from ..ir.ops.shape_ops import ReshapeAttrs
@@ -59,6 +60,8 @@ class CostConfig:
     memory_limit: int | None = None   # bytes per device; None: each device's capacity
     profile: Profile | None = None    # measured times that replace the roofline and the links
     loss: str = "auto"                # the loss unity run trains with: auto | cross_entropy | mse
+    sync_bucket: int | None = None    # the gradient sync's bucket bytes (ir/buckets.py): 0 flat after
+                                      # backward; None: the fastest of SYNC_BUCKETS by the profile's overlap
 
 
 class Stream(Enum):
@@ -109,6 +112,7 @@ class CostReport:
     events: tuple[Event, ...] = field(repr=False, default=())
     infeasible: str | None = None
     comm_bytes: tuple[int, ...] = ()   # bytes of tensor data each device sends per step (cost.comm.sent_bytes)
+    sync_bucket: int = 0               # the gradient sync's bucket bytes it was priced with (0: flat)
 
     @property
     def feasible(self) -> bool:
@@ -267,10 +271,17 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
     synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
-    events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss),
-                       _flat_syncs(synced, cluster, config.profile))
-    update = _update_time(pcg, devs, layout, cluster, config, synced)
-    end = max((e.end for e in events), default=0.0)
+    best = None
+    for bucket in sync_bucket_choices(cluster, config):
+        syncs = (_flat_syncs(synced, cluster, config.profile) if bucket == 0 else
+                 _bucket_syncs(ctx, priced, bucket))
+        events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs)
+        update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else ())
+        end = max((e.end for e in events), default=0.0)
+        step = end + float(update.max(initial=0.0))
+        if best is None or step < best[0]:
+            best = (step, bucket, events, update, end)
+    step, bucket, events, update, end = best
     busiest_compute = np.zeros(cluster.num_devices)
     busiest_comm = np.zeros(cluster.num_devices)
     for e in events:
@@ -279,7 +290,6 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     upd_events = [Event(-1, "update", Stream.COMPUTE, (int(d),), end, end + float(update[d]))
                   for d in np.flatnonzero(update > 0)]
     busiest_compute += update
-    step = end + float(update.max(initial=0.0))
     memory = memory_per_device(pcg, devs, layout, cluster.num_devices, config)
     infeasible = None
     caps = _device_types(cluster)[2]
@@ -294,7 +304,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         infeasible = f"needs {need} on device {d}, which has {have}{limit}"
     return CostReport(step, float(busiest_compute.max(initial=0.0)), float(busiest_comm.max(initial=0.0)),
                       tuple(memory), tuple(costs), tuple(events) + tuple(upd_events), infeasible,
-                      sent)
+                      sent, bucket)
 
 
 LOSS_NODE = -2
@@ -319,31 +329,98 @@ def loss_seconds(shape: ParallelTensorShape, class_axis: int | None, device, con
     return t + (config.profile.loss(device) if config.profile is not None else 0.0)
 
 
-def _flat_syncs(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None
-                ) -> list[tuple[tuple[int, ...], float]]:
-    """The gradient sync as the runtime runs it (``runtime/weights.py``): one all-reduce per
-    group of devices, over one flat buffer of every weight region the group keeps, not one
-    per weight. Groups of the same size and buffer run at once (sharing a node's network
-    interface, as :func:`~unity_cli.cost.moves.phase_seconds` prices them); each such class
-    is ``(its devices, seconds)``."""
+@dataclass(frozen=True, slots=True)
+class SyncClass:
+    """All-reduces of the gradient sync that start together on ``devices``: the flat ones of
+    groups of one size and buffer size (``ready`` is ``AFTER_BACKWARD``), or the buckets of
+    one ready index, group size, size and place in their groups' order (``ir/buckets.py``)."""
+
+    ready: int
+    devices: tuple[int, ...]
+    seconds: float
+    overlap: float = 0.0           # the share that runs beside compute (the profile's sync_overlap)
+    copy: float = 0.0              # filling the buckets' buffers first (bucketed: in backward)
+
+
+SYNC_BUCKETS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+"""The bucket sizes the cost model tries for a bucketed gradient sync (PyTorch DDP's default
+is 25 MiB), beside one flat all-reduce per group after backward."""
+MIN_OVERLAP = 0.1
+"""A measured overlap below this hides nothing a bucket's extra calls would not cost again:
+the sync stays flat, and nothing else is tried."""
+
+
+def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, ...]:
+    """The bucket sizes a step is priced with (the fastest wins): the config's, else flat, and
+    the sizes of :data:`SYNC_BUCKETS` where the profile measured an all-reduce hiding under
+    compute on one of the cluster's device types."""
+    if config.sync_bucket is not None:
+        return (config.sync_bucket,)
+    prof = config.profile
+    if prof is not None and any((ov := prof.sync_overlap(n.device)) is not None and ov >= MIN_OVERLAP
+                                for n in cluster.nodes):
+        return (0, *SYNC_BUCKETS)
+    return (0,)
+
+
+def _flat_syncs(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None) -> list[SyncClass]:
+    """The gradient sync as the runtime runs it flat (``runtime/weights.py``): one all-reduce
+    per group of devices, over one flat buffer of every weight region the group keeps, not
+    one per weight. Groups of the same size and buffer run at once (sharing a node's network
+    interface, as :func:`~unity_cli.cost.moves.phase_seconds` prices them)."""
     flat: dict[tuple[int, ...], int] = {}
     for m in moves:
         flat[m.group] = flat.get(m.group, 0) + m.nbytes
     classes: dict[tuple[int, int], list[Move]] = {}
     for g, nbytes in sorted(flat.items()):
         classes.setdefault((len(g), nbytes), []).append(Move(Collective.ALL_REDUCE, "sync", g, nbytes))
-    return [(tuple(sorted({d for m in ms for d in m.group})), phase_seconds(ms, cluster, profile)["sync"])
+    return [SyncClass(AFTER_BACKWARD, tuple(sorted({d for m in ms for d in m.group})),
+                      phase_seconds(ms, cluster, profile)["sync"])
             for ms in classes.values()]
+
+
+def weight_syncs(st: Structure, moves: Sequence[Sequence[Move]]) -> list[WeightSync]:
+    """What :func:`~unity_cli.ir.buckets.sync_buckets` needs of each trainable weight, in plan
+    order, from each node's moves (``moves[i]``: node ``i``'s; the sync moves are its
+    carrier's). The runtime reads the same from its program (``runtime/weights.py``)."""
+    pcg = st.pcg
+    return sorted((WeightSync(w, pcg.nodes[w].outputs[0].dtype.value, st.residents[w],
+                              tuple((m.group, m.nbytes) for m in moves[i] if m.phase == "sync"))
+                   for i, w in st.sync.items()), key=lambda x: x.weight)
+
+
+def _bucket_syncs(ctx: CostContext, priced: Sequence[tuple[NodeCost, tuple[Move, ...]]],
+                  bucket_bytes: int) -> list[SyncClass]:
+    """The gradient sync bucketed as the runtime buckets it (``ir/buckets.py``, from each
+    weight's sync moves), in the order the buckets start."""
+    pcg, cluster, profile = ctx.pcg, ctx.cluster, ctx.config.profile
+    placed: dict[tuple, int] = {}
+    classes: dict[tuple, list] = {}
+    for b in sync_buckets(pcg, weight_syncs(ctx.structure, [ms for _, ms in priced]), bucket_bytes):
+        k = placed[(b.group, b.dtype)] = placed.get((b.group, b.dtype), -1) + 1
+        classes.setdefault((-b.ready, len(b.group), b.nbytes, k), []).append(b)
+    out = []
+    for (_, _, nbytes, _), bs in sorted(classes.items()):
+        ds = tuple(sorted({d for b in bs for d in b.group}))
+        moves = [Move(Collective.ALL_REDUCE, "sync", b.group, b.nbytes) for b in bs]
+        types = {cluster.device_type(d) for d in ds}
+        overlap = min((profile.sync_overlap(t) or 0.0) if profile is not None else 0.0 for t in types)
+        copy = max(sync_copy_seconds(nbytes, t) for t in types)
+        out.append(SyncClass(bs[0].ready, ds, phase_seconds(moves, cluster, profile)["sync"], overlap, copy))
+    return out
 
 
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
               layout: Sequence[int | None], num_devices: int,
               loss: tuple[tuple[int, ...], float] = ((), 0.0),
-              syncs: Sequence[tuple[tuple[int, ...], float]] = ()) -> list[Event]:
+              syncs: Sequence[SyncClass] = ()) -> list[Event]:
     """List scheduling: forward in topological order, the loss on the output's devices,
     backward in reverse, each node waiting for its inputs (forward) or its consumers'
-    gradients (backward) and for its devices; then the gradient all-reduces ``syncs``
-    (:func:`_flat_syncs`) on each group's devices once their backward is done."""
+    gradients (backward) and for its devices; and the gradient all-reduces ``syncs``: a
+    bucket once backward has passed its ready index on all its devices (its buffers filled
+    on the compute stream, then the share of it that does not overlap compute blocking the
+    compute stream, the rest on the communication stream), the flat ones on each group's
+    devices once their backward is done."""
     free_compute = np.zeros(num_devices)    # when each device's streams are next free
     free_comm = np.zeros(num_devices)
 
@@ -376,6 +453,22 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         start = max([fwd_end] + free(free_compute, loss_devs))
         fwd_end = busy(LOSS_NODE, "loss", ((gather, True), (loss_s, False)), start)
     grad_ready = [fwd_end] * len(pcg)
+    pending = [c for c in syncs if c.ready != AFTER_BACKWARD]
+
+    def issue(c: SyncClass) -> None:
+        ix = device_array(c.devices)
+        s = float(free_compute[ix].max())       # every member's backward has come this far
+        if c.copy > 0:
+            events.append(Event(SYNC_NODE, "bwd", Stream.COMPUTE, c.devices, s, s + c.copy))
+            s += c.copy
+        start = max(s, float(free_comm[ix].max()))
+        block = (1.0 - c.overlap) * c.seconds
+        if block > 0:
+            events.append(Event(SYNC_NODE, "sync", Stream.COMPUTE, c.devices, start, start + block, True))
+        if c.seconds > block:
+            events.append(Event(SYNC_NODE, "sync", Stream.COMM, c.devices, start + block, start + c.seconds))
+        free_compute[ix] = np.maximum(free_compute[ix], start + block if block > 0 else s)
+        free_comm[ix] = start + c.seconds
     for i in range(len(pcg) - 1, -1, -1):
         n, c = pcg.nodes[i], costs[i]
         users = pcg.consumers[i]
@@ -385,10 +478,13 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
             grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:
             grad_ready[i] = start
-    # The runtime all-reduces a device's weight gradients when its whole backward is done,
+        while pending and pending[0].ready >= i:   # backward has run every node from i on
+            issue(pending.pop(0))
+    # A flat sync all-reduces a device's weight gradients when its whole backward is done,
     # not beside it, and so does this.
-    for ds, seconds in syncs:
-        if seconds > 0:
+    for c in syncs:
+        ds, seconds = c.devices, c.seconds
+        if c.ready == AFTER_BACKWARD and seconds > 0:
             s = max(free(free_compute, ds) + free(free_comm, ds))
             events.append(Event(SYNC_NODE, "sync", Stream.COMM, ds, s, s + seconds))
             free_comm[device_array(ds)] = s + seconds

@@ -20,6 +20,8 @@ so that save -> load -> save is byte-identical and its SHA-256 names one measure
                                "parallel_task_s": s}},          # optional: per pass of a parallel op that moves data
      "comm": {"device_type": NAME | null, "ranks": P, "hosts": H,
               "call_overhead_s": {PHASE: s},                    # optional: per data-plane call
+              "sync_overlap": {"fraction": f, "bytes": n,       # optional: how much of an all-reduce
+                               "samples": [[alone_s, compute_s, both_s], ...]},  # hides under compute
               "links": {LINK KIND: {"latency_s": s, "bandwidth_Bps": b, "samples": [[bytes, s], ...]}},
               "collectives": {COLLECTIVE: {LINK KIND: {"ranks": p, "alpha_s": s, "beta_s_per_byte": s,
                                                        "samples": [[bytes, s], ...]}}}}}
@@ -62,6 +64,15 @@ late rank is not counted), per phase of the step (``fwd``, ``bwd``, ``loss``, ``
 a call after a long stretch of compute costs more than one among others), which the
 cost model adds to every call it prices in that phase (in a phase it was not measured
 in, the mean of those it was).
+
+``comm.sync_overlap`` is the share of an all-reduce started without waiting that runs
+beside the compute after it (0: none, the compute waits for all of it; 1: all of it):
+``unity profile`` times an all-reduce of ``bytes`` alone, a stretch of matrix products of
+about the same length alone, and both together, the all-reduce started first and tested
+between the products, as the runtime's bucketed gradient sync does (``runtime/weights.py``);
+the fraction is ``(alone + compute - both) / min(alone, compute)`` from the medians of the
+slowest rank. The cost model prices a bucketed sync with it and chooses the bucket size
+by it (``cost/model.py``); without it, the sync is one all-reduce per group after backward.
 
 Only ``compute`` and ``comm`` feed the cost model; ``machine`` and ``settings`` reach a
 plan only through the profile's content hash.
@@ -218,6 +229,8 @@ class Profile:
     _types: frozenset[tuple[str, str]] = field(init=False, repr=False)
     _overheads: Mapping[tuple[str, str], Overheads] = field(init=False, repr=False)
     _call_overhead: Mapping[str, float] = field(init=False, repr=False)
+    _sync_overlap: float | None = field(init=False, repr=False)
+    _comm_type: tuple[str, str] | None = field(init=False, repr=False)
     _calibrations: Mapping[tuple[str, str, str], Mapping[str, tuple[Calibration, Calibration]]] = field(
         init=False, repr=False)
     _hash: int = field(init=False, repr=False)
@@ -229,6 +242,8 @@ class Profile:
         over = data["comm"].get("call_overhead_s", {})
         object.__setattr__(self, "_call_overhead", MappingProxyType(
             {**dict.fromkeys(CALL_PHASES, statistics.fmean(over.values()) if over else 0.0), **over}))
+        ov = data["comm"].get("sync_overlap")
+        object.__setattr__(self, "_sync_overlap", None if ov is None else ov["fraction"])
         digest = hashlib.sha256(self.text.encode()).hexdigest()
         object.__setattr__(self, "sha256", digest)
         object.__setattr__(self, "_hash", int(digest[:16], 16))
@@ -241,6 +256,7 @@ class Profile:
         if comm_type is not None and (links or colls):
             types.add(comm_type)
         object.__setattr__(self, "_types", frozenset(types))
+        object.__setattr__(self, "_comm_type", comm_type)
 
     def __hash__(self) -> int:
         return self._hash
@@ -311,6 +327,14 @@ class Profile:
         """Seconds a data-plane call in ``phase`` of a step (``fwd``, ``bwd``, ``loss``,
         ``sync``) takes beyond what the fits price it at (0 if not measured)."""
         return self._call_overhead.get(phase, 0.0)
+
+    def sync_overlap(self, device: DeviceType) -> float | None:
+        """The share of a nonblocking all-reduce between devices of this type that runs beside
+        their compute (``comm.sync_overlap``; None if not measured for this type)."""
+        ct = self._comm_type
+        if self._sync_overlap is None or ct != (device.name, device.kind.value):
+            return None
+        return self._sync_overlap
 
     def link(self, kind: str) -> LinkFit | None:
         """The measured point-to-point link of a kind (``intra-node``/``inter-node``)."""
@@ -538,7 +562,20 @@ def _validate(data: Any) -> tuple[dict, dict, dict, tuple[str, str] | None, dict
             ops[(dev, kind, dtype)] = MappingProxyType(out)
     comm = _obj(data["comm"], "comm")
     _keys(comm, "comm", ("collectives", "device_kind", "device_type", "hosts", "links", "ranks"),
-          ("call_overhead_s",))
+          ("call_overhead_s", "sync_overlap"))
+    if "sync_overlap" in comm:
+        ov = _obj(comm["sync_overlap"], "comm.sync_overlap")
+        _keys(ov, "comm.sync_overlap", ("bytes", "fraction", "samples"))
+        f = _num(ov["fraction"], "comm.sync_overlap.fraction")
+        if f > 1:
+            raise ProfileError(f"comm.sync_overlap.fraction: expected a share from 0 to 1, got {f!r}")
+        _int(ov["bytes"], "comm.sync_overlap.bytes", 1)
+        rows = ov["samples"]
+        if not isinstance(rows, list) or any(not isinstance(r, list) or len(r) != 3 for r in rows):
+            raise ProfileError("comm.sync_overlap.samples: expected a list of [alone_s, compute_s, both_s] triples")
+        for k, r in enumerate(rows):
+            for j, t in enumerate(r):
+                _num(t, f"comm.sync_overlap.samples[{k}][{j}]")
     for phase, t in _obj(comm.get("call_overhead_s", {}), "comm.call_overhead_s").items():
         if phase not in CALL_PHASES:
             raise ProfileError(f"comm.call_overhead_s.{phase}: unknown phase (expected {', '.join(CALL_PHASES)})")

@@ -45,7 +45,7 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     rewrites = tuple({"rule": a.rule_id, "name": a.rule_name, "reverse": a.reverse, "at": a.at,
                       "params": dict(a.params), **({"bought": dict(a.bought)} if a.bought else {})}
                      for a in result.rewrites)
-    return Plan(model_info(model), cluster, config_json(config),
+    return Plan(model_info(model), cluster, config_json(config, chosen.report.sync_bucket),
                 chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
                 rewrites=rewrites, search=search)
 
@@ -62,10 +62,15 @@ def model_info(model: ImportedModel) -> dict:
     }
 
 
-def config_json(config: CostConfig) -> dict:
+def config_json(config: CostConfig, sync_bucket: int = 0) -> dict:
+    """The plan's ``config``: what it was priced with, and the gradient sync's bucket bytes
+    its price chose (``ir/buckets.py``; written only when bucketed, so that plans with a
+    flat sync stay byte-identical to those made before plans chose it)."""
     cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}
     if config.memory_limit is not None:
         cfg["memory_limit_bytes"] = config.memory_limit
+    if sync_bucket:
+        cfg["sync_bucket_bytes"] = sync_bucket
     if config.profile is not None:  # only then: plans made without one stay byte-identical
         cfg["profile"] = {"path": config.profile.source, "sha256": config.profile.sha256}
     return cfg
@@ -77,5 +82,5 @@ def plan_of(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, stra
     with the prediction ``unity run`` compares against, its bytes per device included."""
     summary = report_summary(report, cluster.num_devices)
     predicted = {**summary, "memory_bytes": list(report.memory), "comm_bytes": list(report.comm_bytes)}
-    return Plan(model_info(model), cluster, config_json(config), strategy, pcg, views, predicted,
+    return Plan(model_info(model), cluster, config_json(config, report.sync_bucket), strategy, pcg, views, predicted,
                 {strategy: summary}, rewrites=rewrites)

@@ -15,7 +15,8 @@ def plan_config(plan: Plan, profile: Profile | None = None) -> CostConfig:
     c = plan.config
     if profile is None:
         profile = plan_profile(plan)[0]
-    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"), profile)
+    return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"), profile,
+                      sync_bucket=plan.sync_bucket_bytes)
 
 
 def plan_profile(plan: Plan) -> tuple[Profile | None, str | None]:

@@ -49,7 +49,8 @@ def seal(doc: Any) -> Any:
 class Plan:
     model: dict[str, Any]          # path, sha256, inputs {name: {dims, dtype}}, outputs, batch_size
     cluster: ClusterSpec
-    config: dict[str, Any]         # dtype, optimizer, [memory_limit_bytes], [profile: {path, sha256}]
+    config: dict[str, Any]         # dtype, optimizer, [memory_limit_bytes], [profile: {path, sha256}],
+                                   # [sync_bucket_bytes]
     strategy: str
     pcg: PCG
     views: tuple[MachineView, ...]
@@ -95,6 +96,12 @@ class Plan:
     @property
     def devices(self) -> int:
         return devices_used(self.pcg, self.views)
+
+    @property
+    def sync_bucket_bytes(self) -> int:
+        """The gradient sync's bucket size (``ir/buckets.py``; 0, and in plans made before
+        plans chose it: one flat all-reduce per group after backward)."""
+        return int(self.config.get("sync_bucket_bytes", 0))
 
     @property
     def comm_bytes(self) -> list[int] | None:
@@ -168,6 +175,17 @@ def _disagreement(data: dict, pcg: PCG) -> str:
     return ""
 
 
+def _bad_config(config: Any) -> str:
+    """Why the plan's ``config`` cannot be run as it says ('' if it can)."""
+    if not isinstance(config, dict):
+        return "config: expected an object"
+    b = config.get("sync_bucket_bytes", 0)
+    if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+        return (f"config.sync_bucket_bytes: expected a whole number of bytes >= 0 (0: one all-reduce "
+                f"after backward), got {b!r}")
+    return ""
+
+
 def plan_from_json(data: Any) -> Plan:
     if not isinstance(data, dict):
         raise PlanError("the plan is not a JSON object")
@@ -214,7 +232,7 @@ def plan_from_json(data: Any) -> Plan:
             why = str(e)
         if why:
             raise PlanError(f"pcg.nodes[{i}].view: {why}")
-    why = _disagreement(data, pcg)
+    why = _disagreement(data, pcg) or _bad_config(data["config"])
     if why:
         raise PlanError(why)
     return Plan(data["model"], cluster, data["config"], data["strategy"], pcg, tuple(views), data["predicted"],

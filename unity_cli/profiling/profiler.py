@@ -673,7 +673,60 @@ def measure_comm(comm: Any, backend: Backend, sizes: Sequence[int] = MESSAGE_SIZ
         a, b = fit_alpha_beta(samples)
         collectives[coll.value] = {link_kind: {"ranks": size, "alpha_s": a, "beta_s_per_byte": b,
                                                "samples": [list(s) for s in samples]}}
-    return {"hosts": len(set(hosts)), "links": links, "collectives": collectives}
+    return {"hosts": len(set(hosts)), "links": links, "collectives": collectives,
+            "sync_overlap": measure_overlap(comm, backend)}
+
+
+OVERLAP_BYTES = 4 << 20
+"""The all-reduce ``measure_overlap`` hides under compute: 4 MiB, a bucket of the sizes the
+cost model tries (``cost.model.SYNC_BUCKETS``)."""
+
+
+def measure_overlap(comm: Any, backend: Backend, nbytes: int = OVERLAP_BYTES, rounds: int = 7) -> dict[str, Any]:
+    """``comm.sync_overlap`` (see ``cost/profile.py``): how much of a nonblocking all-reduce of
+    ``nbytes`` over every rank runs beside a stretch of matrix products of about its length,
+    started and tested as the runtime's bucketed gradient sync starts and tests it. Each
+    round times the all-reduce alone, the products alone and both together; the slowest
+    rank's times count, and the fraction is that of the medians."""
+    xp, everyone = backend.xp, tuple(range(comm.size))
+    buf = xp.ones(max(1, nbytes // 4), dtype=np.float32)
+    a = xp.ones((128, 128), dtype=np.float32)
+    out = xp.empty_like(a)
+
+    def timed(fn: Callable[[], None]) -> float:
+        comm.barrier()
+        t0 = time.perf_counter()
+        fn()
+        comm.sync()
+        return max(comm.allgather_obj(time.perf_counter() - t0))
+
+    def reduce() -> None:
+        comm.allreduce(everyone, buf)
+
+    def product() -> None:
+        xp.matmul(a, a, out=out)
+        comm.sync()
+
+    reduce()                                           # warm up the path and the kernel
+    alone = statistics.median(timed(reduce) for _ in range(3))
+    one = statistics.median(timed(product) for _ in range(3))
+    chunks = comm.bcast_obj(max(1, min(10_000, round(alone / max(one, 1e-9)))))
+
+    def compute() -> None:
+        for _ in range(chunks):
+            xp.matmul(a, a, out=out)
+
+    def both() -> None:
+        req = comm.iallreduce(everyone, buf)
+        for _ in range(chunks):
+            xp.matmul(a, a, out=out)
+            comm.test_all([req])
+        comm.wait_all([req])
+
+    samples = [[timed(reduce), timed(compute), timed(both)] for _ in range(rounds)]
+    r, c, b = (statistics.median(col) for col in zip(*samples, strict=True))
+    fraction = min(1.0, max(0.0, (r + c - b) / min(r, c))) if min(r, c) > 0 else 0.0
+    return {"fraction": fraction, "bytes": int(buf.nbytes), "samples": samples}
 
 
 def _world_comm(backend: Backend) -> Any | None:

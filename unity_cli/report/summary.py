@@ -7,7 +7,9 @@ from dataclasses import replace
 
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes as fmt_bytes
-from ..cost.model import estimate
+from ..cost.model import estimate, weight_syncs
+from ..cost.moves import Structure, node_moves
+from ..ir.buckets import sync_buckets
 from ..plan.config import plan_config
 from ..plan.plan import Plan
 from ..runtime.phases import predicted_phases_ms
@@ -63,6 +65,9 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     devices = f"{p['devices']} device{'s' if p['devices'] != 1 else ''}"
     lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {devices}, "
                  f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} per device")
+    sync = sync_summary(plan)
+    if sync["all_reduces"]:
+        lines.append(f"sync     {sync_text(sync)}")
     if operators:
         rows = operator_rows(plan.pcg, plan.views, plan.cluster, plan_config(plan))
         lines.append("")
@@ -81,6 +86,25 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     if plan_path:
         lines.append(f"wrote    {plan_path}")
     return "\n".join(lines)
+
+
+def sync_summary(plan: Plan) -> dict[str, int]:
+    """The plan's gradient sync as its ranks run it (``ir/buckets.py``): its bucket bytes
+    (0: flat), how many all-reduces a step makes and their bytes in all."""
+    st = Structure.of(plan.pcg, plan.cluster.num_devices)
+    moves = [node_moves(st, i, plan.views) if i in st.sync else () for i in range(len(plan.pcg))]
+    buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes)
+    return {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
+            "bytes": sum(b.nbytes for b in buckets)}
+
+
+def sync_text(sync: Mapping[str, int]) -> str:
+    n, size = sync["all_reduces"], fmt_bytes(sync["bytes"])
+    if not sync["bucket_bytes"]:
+        return (f"{n} all-reduce{'s' * (n != 1)} of {size} of gradients in all, after backward "
+                f"(one flat buffer per group of devices)")
+    return (f"{n} all-reduces of {size} of gradients in all, in buckets of at least "
+            f"{fmt_bytes(sync['bucket_bytes'])}, each started during backward once its gradients are whole")
 
 
 def rewrite_counts(names: Sequence[str], width: int = 48) -> str:

@@ -76,6 +76,24 @@ class Comm(ABC):
     def reduce_scatter(self, group: Group, send: Array, recv: Array) -> None:
         """Member ``j`` gets the sum over members of ``send[j]``."""
 
+    # A bucketed gradient sync (``runtime/weights.py``) starts its all-reduces without
+    # waiting; a communicator that cannot runs them at once (these defaults).
+
+    def iallreduce(self, group: Group, buf: Array) -> Any:
+        """Start summing ``buf`` over the group in place; returns a request for :meth:`wait_all`.
+        Every member starts the all-reduces of one group in the same order."""
+        self.allreduce(group, buf)
+        return None
+
+    def test_all(self, requests: Sequence[Any]) -> bool:
+        """Let started all-reduces progress (MPI moves a nonblocking collective only inside its
+        calls); whether all are done."""
+        return True
+
+    def wait_all(self, requests: Sequence[Any]) -> None:  # noqa: B027  (the default's requests are done)
+        """Return once every started all-reduce is done (on a GPU: once the work queued after
+        this call waits for them)."""
+
     def sync(self) -> None:  # noqa: B027  (a no-op unless a device queues work)
         """Wait for queued device work (a no-op on CPUs)."""
 
@@ -150,6 +168,15 @@ class MpiComm(Comm):
     def allreduce(self, group, buf):
         self.groups[group].Allreduce(mpi().IN_PLACE, buf)
 
+    def iallreduce(self, group, buf):
+        return self.groups[group].Iallreduce(mpi().IN_PLACE, buf)
+
+    def test_all(self, requests):
+        return bool(mpi().Request.Testall(list(requests)))
+
+    def wait_all(self, requests):
+        mpi().Request.Waitall(list(requests))
+
     def reduce(self, group, buf, root):
         c = self.groups[group]
         r = group.index(root)
@@ -182,6 +209,7 @@ class NcclComm(Comm):
 
         self.cupy, self.nccl = cupy, nccl
         self.stream = cupy.cuda.get_current_stream()
+        self.side = cupy.cuda.Stream(non_blocking=True)   # the bucketed gradient sync's all-reduces
         self.groups: dict[Group, Any] = {}
         self.world_nccl = self._make(tuple(range(self.size)), 0)
 
@@ -221,6 +249,25 @@ class NcclComm(Comm):
     def allreduce(self, group, buf):
         self.groups[group].allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf),
                                      self.nccl.NCCL_SUM, self.stream.ptr)
+
+    def iallreduce(self, group, buf):
+        # on the side stream, after the work queued so far (the gradients it sums); the
+        # request is an event that the work queued after wait_all waits for
+        ready = self.cupy.cuda.Event(disable_timing=True)
+        ready.record(self.stream)
+        self.side.wait_event(ready)
+        self.groups[group].allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf),
+                                     self.nccl.NCCL_SUM, self.side.ptr)
+        done = self.cupy.cuda.Event(disable_timing=True)
+        done.record(self.side)
+        return done
+
+    def test_all(self, requests):
+        return all(e.done for e in requests)      # NCCL moves them on its own
+
+    def wait_all(self, requests):
+        for e in requests:
+            self.stream.wait_event(e)
 
     def reduce(self, group, buf, root):
         self.groups[group].reduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf), self.nccl.NCCL_SUM,

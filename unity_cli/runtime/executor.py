@@ -33,12 +33,14 @@ from .weights import ParamStore
 
 def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | None, backend: str, world: Any,
                    xp: Any, trainable: Mapping[str, np.ndarray], optimizer: OptimizerConfig, loss: LossKind,
-                   constants: Mapping[str, np.ndarray]) -> tuple[Program, Comm, ParamStore, Executor]:
-    """This rank's program, communicator, weights and executor for a mapped graph."""
+                   constants: Mapping[str, np.ndarray], bucket_bytes: int = 0
+                   ) -> tuple[Program, Comm, ParamStore, Executor]:
+    """This rank's program, communicator, weights and executor for a mapped graph;
+    ``bucket_bytes`` is the gradient sync's (``ir/buckets.py``: 0, flat after backward)."""
     program = build_program(pcg, views, class_axis)
     comm = TimedComm(make_comm(backend, world))
     comm.setup_groups(program.groups)
-    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp))
+    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes)
     return program, comm, params, Executor(program, comm, xp, params, loss, constants)
 
 
@@ -153,9 +155,13 @@ class Executor:
         if clock:  # the loss's gathering and all-reduce (waiting for the other ranks) is communication
             clock.lap("loss", "fwd_comm")
         t0 = time.perf_counter()
-        for m in reversed(self.mine):
+        bucketed = apply and self.params.bucket_bytes > 0
+        for k in range(len(self.mine) - 1, -1, -1):
+            m = self.mine[k]
             if m.active:
                 self._guard(m, self._backward)
+            if bucketed:   # the buckets whose gradients are whole start their all-reduce
+                self.params.backward_passed(self.mine[k - 1].step.node if k else -1, self.grads)
         if self.timings is not None:
             self.pass_seconds.setdefault("bwd", []).append(time.perf_counter() - t0)
         self.values = {}

@@ -34,6 +34,9 @@ HEADINGS = {"fwd_compute": "fwd comp", "fwd_comm": "fwd comm", "loss": "loss", "
             "bwd_comm": "bwd comm", "grad_sync": "grad sync", "optimizer": "optimizer", "waiting": "waiting",
             "other": "other"}
 _DATA_PLANE = ("exchange", "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "sum_host")
+_SYNC_CALLS = ("iallreduce", "test_all", "wait_all")
+"""A bucketed gradient sync's calls (``runtime/weights.py``): made among backward's tasks,
+their time is the gradient sync's (``TimedComm.sync_seconds``), not backward's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +82,10 @@ def call_moves(name: str, rank: int, size: int, args: Sequence[Any]) -> list[Cal
         case "exchange":
             return ([(Collective.P2P, (rank, dest), _nbytes(buf), -1) for dest, buf in args[0]]
                     + [(Collective.P2P, (src, rank), _nbytes(buf), -1) for src, buf in args[1]])
-        case "allreduce":
+        case "allreduce" | "iallreduce":
             return [(Collective.ALL_REDUCE, tuple(args[0]), _nbytes(args[1]), -1)]
+        case "test_all" | "wait_all":
+            return []
         case "reduce":
             return [(Collective.REDUCE, tuple(args[0]), _nbytes(args[1]), args[2])]
         case "bcast":
@@ -113,6 +118,7 @@ class TimedComm:
     def __init__(self, comm: Any):
         self._comm = comm
         self.seconds = 0.0
+        self.sync_seconds = 0.0                  # in a bucketed gradient sync's calls
         self.sent = ByteCounter()
         self.calls: list[Call] | None = None     # None: no step clock, nothing kept
         self.moves: list[tuple[CallMove, ...]] | None = None
@@ -120,6 +126,9 @@ class TimedComm:
         self._made: dict[tuple, int] = {}
         for name in _DATA_PLANE:
             setattr(self, name, self._timed(name, getattr(comm, name)))
+        for name in _SYNC_CALLS:
+            if hasattr(comm, name):     # (a test's stand-in may make blocking calls only)
+                setattr(self, name, self._timed_sync(name, getattr(comm, name)))
 
     def new_step(self) -> None:
         """Start numbering the calls afresh (each step makes the same calls)."""
@@ -165,6 +174,19 @@ class TimedComm:
                         self.moves.append(tuple(made))
         return timed
 
+    def _timed_sync(self, name: str, call: Any) -> Any:
+        """A bucketed sync's call: its bytes counted, its time in ``sync_seconds``. It keeps
+        no key: a nonblocking call's time is not its transfer's, so no waiting is split off."""
+        def timed(*args: Any) -> Any:
+            for kind, group, nbytes, root in call_moves(name, self._comm.rank, self._comm.size, args):
+                self.sent.add(kind, nbytes, group, self._comm.rank, root)
+            t0 = time.perf_counter()
+            try:
+                return call(*args)
+            finally:
+                self.sync_seconds += time.perf_counter() - t0
+        return timed
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._comm, name)
 
@@ -178,7 +200,7 @@ class StepClock:
         self.calls: list[tuple[tuple[str, tuple, float], ...]] = []   # step by step: (phase, key, seconds)
         self.sent: list[Fraction] = []          # bytes this rank sent, step by step
         self.laps: list[tuple[str, ...]] = []   # step by step, beside each call: its lap's compute phase
-        self._wall = self._comm = 0.0
+        self._wall = self._comm = self._sync = 0.0
         self._sent0 = Fraction(0)
         self._now: dict[str, float] = {}
         self._calls: list[tuple[str, tuple, float]] = []
@@ -187,14 +209,17 @@ class StepClock:
     def start(self) -> None:
         self._now, self._calls, self._laps = {}, [], []
         self.comm.new_step()
-        self._wall, self._comm = time.perf_counter(), self.comm.seconds
+        self._wall, self._comm, self._sync = time.perf_counter(), self.comm.seconds, self.comm.sync_seconds
         self._sent0 = self.comm.sent.total
 
     def lap(self, compute: str, comm: str | None = None) -> None:
         """The time since the last lap goes to ``comm`` (its communication) and ``compute``
-        (the rest); without ``comm`` all of it goes to ``compute``."""
-        wall, spent = time.perf_counter(), self.comm.seconds
-        total, talk = wall - self._wall, spent - self._comm
+        (the rest); without ``comm`` all of it goes to ``compute``. Time in a bucketed
+        gradient sync's calls goes to ``grad_sync`` wherever it falls."""
+        wall, spent, synced = time.perf_counter(), self.comm.seconds, self.comm.sync_seconds
+        total, talk = wall - self._wall - (synced - self._sync), spent - self._comm
+        if synced > self._sync:
+            self._now["grad_sync"] = self._now.get("grad_sync", 0.0) + synced - self._sync
         if comm is None:
             self._now[compute] = self._now.get(compute, 0.0) + total
         else:
@@ -203,7 +228,7 @@ class StepClock:
         made = (self.comm.calls or [])[len(self._calls):]
         self._calls += [(comm or compute, key, seconds) for key, seconds in made]
         self._laps += [compute] * len(made)
-        self._wall, self._comm = wall, spent
+        self._wall, self._comm, self._sync = wall, spent, synced
 
     def stop(self, step_seconds: float) -> None:
         """Close the step; what its wall time has beyond the phases is ``other``."""

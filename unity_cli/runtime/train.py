@@ -312,7 +312,8 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
                 raise RunError(f"the {which}'s node {n.name!r} is a {n.kind}, which has no runtime kernel yet")
 
     _, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
-                                                     values.trainable, optimizer, loss, values.constants)
+                                                     values.trainable, optimizer, loss, values.constants,
+                                                     plan.sync_bucket_bytes)
     return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
 
 

@@ -8,15 +8,32 @@ the master and re-cuts its resident pieces from it.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ..ir.buckets import AFTER_BACKWARD, SyncBucket, WeightSync, sync_buckets
 from ..ir.pcg import TensorRef
+from ..ir.schedule import region_shape
 from .comm import Comm
 from .optim import Optimizer
 from .program import ParamPlan, Program
+
+
+def weight_syncs(program: Program) -> list[WeightSync]:
+    """What :func:`~unity_cli.ir.buckets.sync_buckets` needs of each trainable weight, in plan
+    order (the cost model reads the same from its moves: ``cost/model.py``)."""
+    out = []
+    for p in program.params:
+        groups: dict[tuple[int, ...], int] = {}
+        dtype = program.pcg.nodes[p.node].outputs[0].dtype
+        for rank, g in sorted(p.group.items()):
+            groups.setdefault(g, math.prod(region_shape(p.master[rank], p.shape)) * dtype.itemsize)
+        residents = sorted({node for ps in p.pieces.values() for node, _, _ in ps})
+        out.append(WeightSync(p.node, dtype.value, tuple(residents), tuple(groups.items())))
+    return out
 
 
 def to_host(a: Any) -> np.ndarray:
@@ -26,7 +43,7 @@ def to_host(a: Any) -> np.ndarray:
 
 class ParamStore:
     def __init__(self, program: Program, comm: Comm, xp: Any, initial: Mapping[str, np.ndarray],
-                 optimizer: Optimizer):
+                 optimizer: Optimizer, bucket_bytes: int = 0):
         self.program = program
         self.comm = comm
         self.xp = xp
@@ -39,29 +56,30 @@ class ParamStore:
             if value.shape != p.shape:
                 raise ValueError(f"weight {p.name!r} has shape {value.shape}, the plan wants {p.shape}")
             self.master[p.name] = xp.array(value[p.master[me]], copy=True, order="C")
-        # One all-reduce per group: the weights it syncs, in plan order (the same on every member).
-        self.buckets: list[tuple[tuple[int, ...], list[ParamPlan]]] = []
-        for g in program.groups:
-            members = [p for p in self.plans if p.group[me] == g]
-            if members and len(g) > 1:
-                self.buckets.append((g, members))
-        # Each bucket's flat gradient buffer, made once: a weight's gradient is written into
-        # its slice and all-reduced there (no per-step concatenate). Mixed dtypes: concatenated.
-        self.flat: dict[int, Any] = {}
-        self.slots: dict[str, Any] = {}   # a bucketed weight's slice of its bucket's flat buffer
-        for k, (_, members) in enumerate(self.buckets):
-            dtypes = {self.master[p.name].dtype for p in members}
-            if len(dtypes) != 1:
+        # The gradient sync's all-reduces (ir/buckets.py), each over a flat buffer made once:
+        # a weight's gradient is written into its slice there and all-reduced in place.
+        self.bucket_bytes = bucket_bytes
+        byname = {p.node: p for p in self.plans}
+        self.buckets: list[tuple[SyncBucket, Any]] = []
+        self.slots: dict[str, Any] = {}   # a synced weight's slice of its bucket's buffer
+        for b in sync_buckets(program.pcg, weight_syncs(program), bucket_bytes):
+            if me not in b.group:
                 continue
-            flat = self.flat[k] = xp.empty(sum(self.master[p.name].size for p in members), dtype=dtypes.pop())
+            ms = [byname[w] for w in b.weights]
+            flat = xp.empty(sum(self.master[p.name].size for p in ms), dtype=self.master[ms[0].name].dtype)
             at = 0
-            for p in members:
+            for p in ms:
                 m = self.master[p.name]
                 self.slots[p.name] = flat[at:at + m.size].reshape(m.shape)
                 at += m.size
+            self.buckets.append((b, flat))
+        self._issued = 0                  # buckets whose all-reduce has started this step
+        self._pending: list[Any] = []     # their requests (bucketed: nonblocking)
         self.keep_synced = False      # --check: keep each step's synced gradients (memory: one more copy)
         self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
         self.synced: dict[str, Any] = {}
+        self._by_node = {p.node: p for p in self.plans}
+        self._full: dict[str, Any] = {}   # this step's gradient of each master region
 
     def residents(self) -> dict[TensorRef, Any]:
         """This rank's resident pieces, cut from its masters."""
@@ -86,47 +104,65 @@ class ParamStore:
         for p in self.plans:
             self.optimizer.update(p.name, self.master[p.name], synced[p.name])
 
+    def backward_passed(self, next_node: int, grads: Mapping[TensorRef, Any]) -> None:
+        """Backward has run every step of a node above ``next_node``: start the all-reduce
+        of every bucket whose gradients are now whole, in order, without waiting for it
+        (bucketed sync only), and let those already started progress."""
+        if not self.bucket_bytes:
+            return
+        while self._issued < len(self.buckets) and self.buckets[self._issued][0].ready > next_node:
+            b, flat = self.buckets[self._issued]
+            for w in b.weights:
+                self._fill(self._by_node[w], grads)
+            self._pending.append(self.comm.iallreduce(b.group, flat))
+            self._issued += 1
+        if self._pending:
+            self.comm.test_all(self._pending)
+
     def sync(self, grads: Mapping[TensorRef, Any]) -> dict[str, Any]:
         """Each master region's gradient: this rank's resident pieces' gradients added up,
-        then all-reduced with the ranks that keep the same region (one flat buffer per group)."""
-        me = self.comm.rank
-        full: dict[str, Any] = {}
+        then all-reduced with the ranks that keep the same region (``self.buckets``; those
+        a bucketed sync has not started yet start now, and all are waited for)."""
         for p in self.plans:
-            m = self.master[p.name]
-            out = self.slots.get(p.name)
-            parts = [(region, grads[TensorRef(node)], scale * self.fault_scale)
-                     for node, region, scale in p.pieces[me] if TensorRef(node) in grads]
-            if len(parts) == 1 and parts[0][1].shape == m.shape and parts[0][1].dtype == m.dtype:
-                # One piece covering the master (data parallelism): taken as it is, or copied
-                # into the bucket's buffer; never added into zeros.
-                _, piece, scale = parts[0]
-                if out is None:
-                    out = self.xp.ascontiguousarray(piece if scale == 1 else piece * piece.dtype.type(scale))
-                elif scale == 1:
-                    out[...] = piece
-                else:
-                    self.xp.multiply(piece, piece.dtype.type(scale), out=out)
+            if p.name not in self.slots:
+                self._fill(p, grads)
+        if self.bucket_bytes:
+            self.backward_passed(AFTER_BACKWARD - 1, grads)
+            self.comm.wait_all(self._pending)
+        else:
+            for b, flat in self.buckets:
+                for w in b.weights:
+                    self._fill(self._by_node[w], grads)
+                self.comm.allreduce(b.group, flat)
+        self._issued, self._pending = 0, []
+        return self._full
+
+    def _fill(self, p: ParamPlan, grads: Mapping[TensorRef, Any]) -> None:
+        """Weight ``p``'s gradient on this rank before the sync: its resident pieces'
+        gradients added up, in its slice of its bucket's buffer (or alone: not synced)."""
+        me = self.comm.rank
+        m = self.master[p.name]
+        out = self.slots.get(p.name)
+        parts = [(region, grads[TensorRef(node)], scale * self.fault_scale)
+                 for node, region, scale in p.pieces[me] if TensorRef(node) in grads]
+        if len(parts) == 1 and parts[0][1].shape == m.shape and parts[0][1].dtype == m.dtype:
+            # One piece covering the master (data parallelism): taken as it is, or copied
+            # into the bucket's buffer; never added into zeros.
+            _, piece, scale = parts[0]
+            if out is None:
+                out = self.xp.ascontiguousarray(piece if scale == 1 else piece * piece.dtype.type(scale))
+            elif scale == 1:
+                out[...] = piece
             else:
-                if out is None:
-                    out = self.xp.zeros_like(m)
-                else:
-                    out[...] = 0
-                for region, piece, scale in parts:
-                    out[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
-            full[p.name] = out
-        for k, (group, members) in enumerate(self.buckets):
-            flat = self.flat.get(k)
-            if flat is not None:
-                self.comm.allreduce(group, flat)
-                continue
-            flat = self.xp.concatenate([full[p.name].ravel() for p in members])
-            self.comm.allreduce(group, flat)
-            at = 0
-            for p in members:
-                g = full[p.name]
-                full[p.name] = flat[at:at + g.size].reshape(g.shape)
-                at += g.size
-        return full
+                self.xp.multiply(piece, piece.dtype.type(scale), out=out)
+        else:
+            if out is None:
+                out = self.xp.zeros_like(m)
+            else:
+                out[...] = 0
+            for region, piece, scale in parts:
+                out[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
+        self._full[p.name] = out
 
     def load(self, whole: Mapping[str, np.ndarray]) -> None:
         """Set this rank's masters from whole weights (by name; the others keep theirs)."""

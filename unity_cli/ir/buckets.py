@@ -1,0 +1,101 @@
+"""Which weight gradients one all-reduce sums, and when it may start: the sync's buckets.
+
+After backward, each group of devices that keeps the same region of some weights sums
+those gradients (data parallelism's gradient sync, :class:`~.schedule.ParamPlan`). The
+runtime (``runtime/weights.py``) runs it, and the cost model (``cost/model.py``) prices it,
+from the same buckets, made here:
+
+* **flat** (``bucket_bytes == 0``): one all-reduce per group and dtype, over one flat
+  buffer of every region the group keeps, once the whole backward pass is done;
+* **bucketed** (``bucket_bytes > 0``): a group's weights in the order their gradients
+  are finished (the last layers first), cut into buckets of at least ``bucket_bytes``;
+  each bucket's all-reduce starts, without blocking, as soon as backward has run every
+  step that reads one of its weights, and overlaps the rest of backward.
+
+A weight's gradient is whole once backward has run every step that reads one of its
+stored layouts (its *residents*): those are the steps whose backward adds to it, on any
+rank. Steps run in node order, so that is once backward has passed the smallest node
+index among the residents' consumers (:func:`ready_index`). That index is the same on
+every rank, and so is each group's bucket order: the members of a group issue its
+all-reduces in one order, as MPI and NCCL require of collectives on one communicator.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .pcg import PCG
+
+Group = tuple[int, ...]
+
+AFTER_BACKWARD = -1
+"""A flat bucket's :attr:`SyncBucket.ready`: it starts once the whole backward pass is done."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncBucket:
+    """One all-reduce of the gradient sync: ``weights`` (weight node indices, in the order
+    of the flat buffer) summed over ``group``, ``nbytes`` in all. It may start once backward
+    has run every step of a node at index ``ready`` or above (``AFTER_BACKWARD``: at its end)."""
+
+    group: Group
+    dtype: str
+    weights: tuple[int, ...]
+    sizes: tuple[int, ...]         # bytes of each weight's region, in the order of ``weights``
+    ready: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSync:
+    """What the buckets need of one trainable weight: its node, the dtype of its master copy,
+    its residents and the all-reduces its regions need (each group with the bytes of the
+    region it keeps)."""
+
+    weight: int
+    dtype: str
+    residents: tuple[int, ...]
+    groups: tuple[tuple[Group, int], ...]
+
+
+def ready_index(pcg: PCG, residents: Iterable[int]) -> int:
+    """The smallest node index that reads one of ``residents``: once backward has run every
+    step of that index and above, the weight's gradient is whole (nothing reads them: the
+    graph's length, whole from the start)."""
+    return min((u for r in residents for u, _ in pcg.consumers[r]), default=len(pcg))
+
+
+def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int) -> tuple[SyncBucket, ...]:
+    """The gradient sync's all-reduces, in the order a rank issues them (see the module
+    docstring); ``weights`` in plan order. Every rank computes the same tuple."""
+    if bucket_bytes < 0:
+        raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
+    members: dict[tuple[Group, str], list[tuple[int, int, int, int]]] = {}
+    for position, w in enumerate(weights):
+        ready = ready_index(pcg, w.residents)
+        for group, nbytes in w.groups:
+            if len(group) > 1:
+                members.setdefault((group, w.dtype), []).append((-ready, position, w.weight, nbytes))
+    out: list[tuple[tuple, SyncBucket]] = []
+    for (group, dtype), ms in members.items():
+        if bucket_bytes == 0:
+            ms.sort(key=lambda m: m[1])
+            chunks = [ms]
+        else:
+            ms.sort()
+            chunks, acc = [[]], 0
+            for m in ms:
+                if acc >= bucket_bytes:
+                    chunks.append([])
+                    acc = 0
+                chunks[-1].append(m)
+                acc += m[3]
+        for k, chunk in enumerate(chunks):
+            ready = AFTER_BACKWARD if bucket_bytes == 0 else -max(m[0] for m in chunk)
+            bucket = SyncBucket(group, dtype, tuple(m[2] for m in chunk), tuple(m[3] for m in chunk), ready)
+            out.append(((-ready, group, dtype, k), bucket))
+    out.sort(key=lambda kb: kb[0])
+    return tuple(b for _, b in out)
