@@ -7,7 +7,9 @@ and with unity's (the default), run alternately, side by side.
 Models: an MLP of 8 Linear layers of 1024 x 1024 without biases (32 MiB of weights, batch
 64), whose step allocates megabyte temporaries, and the shared bert_tiny and convnet_tiny
 (``tests/models/tiny``, batch 4), whose temporaries are small. Prints a Markdown table of
-median step times (``mpiexec -n 2 unity run --steps N --json``) and their ratio.
+median step times (``mpiexec -n 2 unity run --steps N --json``), their ratio, and the peak
+resident memory of the larger rank (``peak_rss_bytes``, the median over the runs) with each
+setting: what keeping freed memory costs.
 """
 from __future__ import annotations
 
@@ -56,21 +58,26 @@ def main() -> None:
     env = {**os.environ, "UNITY_PROFILE_DIR": str(tmp / "profiles")}
     models = [("mlp 8 x 1024²", deep_mlp(tmp / "deep_mlp.onnx"), 64)]
     models += [(m, SHARED / f"{m}.onnx", 4) for m in ("bert_tiny", "convnet_tiny")]   # vendored: always there
-    print("| model (data parallel, 2 ranks) | batch | glibc defaults (ms) | freed memory kept (ms) | kept / defaults |")
-    print("|---|---:|---:|---:|---:|")
+    print("| model (data parallel, 2 ranks) | batch | glibc defaults (ms) | freed memory kept (ms) | kept / defaults "
+          "| peak RSS per rank, defaults / kept (MiB) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, path, batch in models:
         plan = tmp / f"{path.stem}.json"
         predicted = run_json([UNITY, "optimize", str(path), "--cluster", str(CLUSTER), "--batch-size", str(batch),
                               "--strategy", "data_parallel", "--out", str(plan), "--no-profile", "--json"], env)
         assert predicted["strategy"] == "data_parallel"
         times: dict[str, list[float]] = {"0": [], "1": []}
+        rss: dict[str, list[int]] = {"0": [], "1": []}
         for _ in range(args.repeats):
             for keep in times:  # alternate, so drift on a shared machine hits both alike
                 doc = run_json([MPIEXEC, "-n", "2", UNITY, "run", str(plan), "--steps", str(args.steps), "--json"],
                                {**env, "UNITY_KEEP_FREED_MEMORY": keep})
                 times[keep].append(doc["measured_step_time_ms"])
+                rss[keep].append(max(doc["peak_rss_bytes"]))
         default, kept = statistics.median(times["0"]), statistics.median(times["1"])
-        print(f"| {name} | {batch} | {default:.2f} | {kept:.2f} | {kept / default:.3f} |", flush=True)
+        mib = {k: statistics.median(v) / 2**20 for k, v in rss.items()}
+        print(f"| {name} | {batch} | {default:.2f} | {kept:.2f} | {kept / default:.3f} "
+              f"| {mib['0']:.0f} / {mib['1']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

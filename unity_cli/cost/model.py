@@ -271,10 +271,13 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
     synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
-    best = None
+    best, tried = None, set()
     for bucket in sync_bucket_choices(cluster, config):
         syncs = (_flat_syncs(synced, cluster, config.profile) if bucket == 0 else
                  _bucket_syncs(ctx, priced, bucket))
+        if tuple(syncs) in tried:     # a larger size that cuts the same buckets: the same step
+            continue
+        tried.add(tuple(syncs))
         events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs)
         update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else ())
         end = max((e.end for e in events), default=0.0)
