@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from unity_cli.cli import cli
 from unity_cli.cluster import load_cluster
-from unity_cli.cost.model import SYNC_BUCKETS, CostConfig, estimate, sync_bucket_choices, weight_syncs
+from unity_cli.cost.model import SYNC_BUCKETS, CostConfig, Stream, estimate, sync_bucket_choices, weight_syncs
 from unity_cli.cost.moves import Structure, node_moves
 from unity_cli.cost.profile import Profile
 from unity_cli.errors import ProfileError
@@ -103,13 +103,17 @@ def test_a_bucketed_sync_prices_every_bucket_and_its_copy(dp):
     f, s = predicted_phases_ms(flat, 8), predicted_phases_ms(small, 8)
     assert s["grad_sync"] > f["grad_sync"] > 0
     assert s["optimizer"] < f["optimizer"] and s["bwd_compute"] > f["bwd_compute"]
-    syncs = [e for e in small.events if e.phase == "sync"]
     st = Structure.of(pcg, 8)
     buckets = sync_buckets(pcg, weight_syncs(st, [node_moves(st, i, views) for i in range(len(pcg))]), 1 << 16)
-    assert len(syncs) == len(buckets) > 5          # one group: one event a bucket
-    assert [e.start for e in syncs] == sorted(e.start for e in syncs)
-    # no overlap measured: each bucket blocks its devices' compute stream
-    assert all(e.comm for e in syncs)
+    transfers = [e for e in small.events if e.hidden]
+    assert len(transfers) == len(buckets) > 5      # one group: one transfer a bucket
+    assert [e.start for e in transfers] == sorted(e.start for e in transfers)
+    assert all(e.phase == "sync" and e.stream is Stream.COMM for e in transfers)
+    # no overlap measured: each device's compute stream pays every transfer (and then waits
+    # for the last one), and those are the phase's predicted time
+    paid = sum(e.end - e.start for e in small.events if e.phase == "sync" and not e.hidden and 0 in e.devices)
+    assert paid >= sum(e.end - e.start for e in transfers) * (1 - 1e-9)
+    assert s["grad_sync"] * 1e-3 == pytest.approx(paid)
 
 
 def wide_mlp_onnx(path, layers: int = 6, width: int = 512):

@@ -99,6 +99,7 @@ def _exercise(comm, xp) -> None:
         np.testing.assert_array_equal(xp.asnumpy(y) if xp is not np else y, np.arange(6))
     # a bucketed gradient sync's calls: started without waiting, tested, waited for
     buckets = [xp.arange(k, k + 4, dtype=xp.float32) for k in range(3)]
+    comm.setup_sync_groups([group])
     requests = [comm.iallreduce(group, b) for b in buckets]
     comm.test_all(requests)
     comm.wait_all(requests)

@@ -80,6 +80,8 @@ class Event:
     start: float
     end: float
     comm: bool = False             # moving data (a stream blocked on communication) rather than computing
+    hidden: bool = False           # a bucketed all-reduce's transfer beside compute: no phase of the
+                                   # step waits on it (what the step pays of it are its other events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +275,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
     best, tried = None, set()
     for bucket in sync_bucket_choices(cluster, config):
-        syncs = (_flat_syncs(synced, cluster, config.profile) if bucket == 0 else
-                 _bucket_syncs(ctx, priced, bucket))
+        syncs = _flat_syncs(ctx, priced) if bucket == 0 else _bucket_syncs(ctx, priced, bucket)
         if tuple(syncs) in tried:     # a larger size that cuts the same buckets: the same step
             continue
         tried.add(tuple(syncs))
@@ -342,7 +343,11 @@ class SyncClass:
     devices: tuple[int, ...]
     seconds: float
     overlap: float = 0.0           # the share that runs beside compute (the profile's sync_overlap)
-    copy: float = 0.0              # filling the buckets' buffers first (bucketed: in backward)
+    copy: Mapping[int, float] = field(default_factory=dict)   # bucketed: each device's filling of its
+                                                              # buffers, in backward
+
+    def __hash__(self) -> int:
+        return hash((self.ready, self.devices, self.seconds, self.overlap, tuple(sorted(self.copy.items()))))
 
 
 SYNC_BUCKETS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -366,19 +371,18 @@ def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, 
     return (0,)
 
 
-def _flat_syncs(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile | None) -> list[SyncClass]:
+def _flat_syncs(ctx: CostContext, priced: Sequence[tuple[NodeCost, tuple[Move, ...]]]) -> list[SyncClass]:
     """The gradient sync as the runtime runs it flat (``runtime/weights.py``): one all-reduce
-    per group of devices, over one flat buffer of every weight region the group keeps, not
-    one per weight. Groups of the same size and buffer run at once (sharing a node's network
-    interface, as :func:`~unity_cli.cost.moves.phase_seconds` prices them)."""
-    flat: dict[tuple[int, ...], int] = {}
-    for m in moves:
-        flat[m.group] = flat.get(m.group, 0) + m.nbytes
+    per group of devices and dtype, over one flat buffer of every weight region the group
+    keeps, not one per weight (``ir/buckets.py``). Groups of the same size and buffer run at
+    once (sharing a node's network interface, as :func:`~unity_cli.cost.moves.phase_seconds`
+    prices them)."""
     classes: dict[tuple[int, int], list[Move]] = {}
-    for g, nbytes in sorted(flat.items()):
-        classes.setdefault((len(g), nbytes), []).append(Move(Collective.ALL_REDUCE, "sync", g, nbytes))
+    for b in sorted(sync_buckets(ctx.pcg, weight_syncs(ctx.structure, [ms for _, ms in priced]), 0),
+                    key=lambda b: (b.group, b.dtype)):
+        classes.setdefault((len(b.group), b.nbytes), []).append(Move(Collective.ALL_REDUCE, "sync", b.group, b.nbytes))
     return [SyncClass(AFTER_BACKWARD, tuple(sorted({d for m in ms for d in m.group})),
-                      phase_seconds(ms, cluster, profile)["sync"])
+                      phase_seconds(ms, ctx.cluster, ctx.config.profile)["sync"])
             for ms in classes.values()]
 
 
@@ -403,12 +407,15 @@ def _bucket_syncs(ctx: CostContext, priced: Sequence[tuple[NodeCost, tuple[Move,
         k = placed[(b.group, b.dtype)] = placed.get((b.group, b.dtype), -1) + 1
         classes.setdefault((-b.ready, len(b.group), b.nbytes, k), []).append(b)
     out = []
-    for (_, _, nbytes, _), bs in sorted(classes.items()):
+    for bs in (bs for _, bs in sorted(classes.items())):
         ds = tuple(sorted({d for b in bs for d in b.group}))
         moves = [Move(Collective.ALL_REDUCE, "sync", b.group, b.nbytes) for b in bs]
         types = {cluster.device_type(d) for d in ds}
         overlap = min((profile.sync_overlap(t) or 0.0) if profile is not None else 0.0 for t in types)
-        copy = max(sync_copy_seconds(nbytes, t) for t in types)
+        copy: dict[int, float] = {}
+        for b in bs:
+            for d in b.group:
+                copy[d] = copy.get(d, 0.0) + sync_copy_seconds(b.nbytes, cluster.device_type(d))
         out.append(SyncClass(bs[0].ready, ds, phase_seconds(moves, cluster, profile)["sync"], overlap, copy))
     return out
 
@@ -458,20 +465,34 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
     grad_ready = [fwd_end] * len(pcg)
     pending = [c for c in syncs if c.ready != AFTER_BACKWARD]
 
+    def at_own_time(devices: np.ndarray, seconds: np.ndarray, phase: str, comm: bool) -> None:
+        """Work each device does on its compute stream from where it is (grouped by start)."""
+        starts = free_compute[devices]
+        for t in np.unique(starts):
+            ds = devices[starts == t]
+            dur = seconds[starts == t]
+            for e in np.unique(dur):
+                if e > 0:
+                    who = tuple(int(d) for d in ds[dur == e])
+                    events.append(Event(SYNC_NODE, phase, Stream.COMPUTE, who, float(t), float(t + e), comm))
+        free_compute[devices] = starts + seconds
+
+    last = np.zeros(num_devices)             # when each device's last bucket is through
+
     def issue(c: SyncClass) -> None:
+        """A bucket, as each member's runtime starts it: it fills its buffers where its backward
+        is, starts the all-reduce and goes on; the transfer begins once every member has
+        joined and the link is free, and the share of it that does not overlap compute is
+        taken from each member's compute stream (progress made on its core)."""
         ix = device_array(c.devices)
-        s = float(free_compute[ix].max())       # every member's backward has come this far
-        if c.copy > 0:
-            events.append(Event(SYNC_NODE, "bwd", Stream.COMPUTE, c.devices, s, s + c.copy))
-            s += c.copy
-        start = max(s, float(free_comm[ix].max()))
+        at_own_time(ix, np.asarray([c.copy.get(int(d), 0.0) for d in ix]), "bwd", False)
+        start = max(float(free_compute[ix].max()), float(free_comm[ix].max()))
         block = (1.0 - c.overlap) * c.seconds
         if block > 0:
-            events.append(Event(SYNC_NODE, "sync", Stream.COMPUTE, c.devices, start, start + block, True))
-        if c.seconds > block:
-            events.append(Event(SYNC_NODE, "sync", Stream.COMM, c.devices, start + block, start + c.seconds))
-        free_compute[ix] = np.maximum(free_compute[ix], start + block if block > 0 else s)
+            at_own_time(ix, np.full(len(ix), block), "sync", True)
+        events.append(Event(SYNC_NODE, "sync", Stream.COMM, c.devices, start, start + c.seconds, hidden=True))
         free_comm[ix] = start + c.seconds
+        last[ix] = np.maximum(last[ix], start + c.seconds)
     for i in range(len(pcg) - 1, -1, -1):
         n, c = pcg.nodes[i], costs[i]
         users = pcg.consumers[i]
@@ -483,6 +504,11 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
             grad_ready[i] = start
         while pending and pending[0].ready >= i:   # backward has run every node from i on
             issue(pending.pop(0))
+    for c in pending:
+        issue(c)
+    waits = np.flatnonzero(last > free_compute)   # a bucketed sync's wait for its last transfers
+    if len(waits):
+        at_own_time(waits, last[waits] - free_compute[waits], "sync", True)
     # A flat sync all-reduces a device's weight gradients when its whole backward is done,
     # not beside it, and so does this.
     for c in syncs:

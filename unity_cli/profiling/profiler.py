@@ -689,6 +689,7 @@ def measure_overlap(comm: Any, backend: Backend, nbytes: int = OVERLAP_BYTES, ro
     round times the all-reduce alone, the products alone and both together; the slowest
     rank's times count, and the fraction is that of the medians."""
     xp, everyone = backend.xp, tuple(range(comm.size))
+    comm.setup_sync_groups([everyone])
     buf = xp.ones(max(1, nbytes // 4), dtype=np.float32)
     a = xp.ones((128, 128), dtype=np.float32)
     out = xp.empty_like(a)

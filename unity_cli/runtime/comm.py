@@ -77,7 +77,12 @@ class Comm(ABC):
         """Member ``j`` gets the sum over members of ``send[j]``."""
 
     # A bucketed gradient sync (``runtime/weights.py``) starts its all-reduces without
-    # waiting; a communicator that cannot runs them at once (these defaults).
+    # waiting, on communicators of its own; a communicator that cannot runs them at once
+    # (these defaults).
+
+    def setup_sync_groups(self, groups: Sequence[Group]) -> None:  # noqa: B027  (the default needs none)
+        """Make the bucketed sync's own communicator for each of ``groups`` this rank is in
+        (after :meth:`setup_groups`; every rank calls it with the same list)."""
 
     def iallreduce(self, group: Group, buf: Array) -> Any:
         """Start summing ``buf`` over the group in place; returns a request for :meth:`wait_all`.
@@ -143,6 +148,7 @@ class MpiComm(Comm):
         super().__init__(world)
         self.data = _returning(world.Dup())           # data traffic never mixes with control messages
         self.groups: dict[Group, Any] = {}
+        self.sync_groups: dict[Group, Any] = {}      # the bucketed gradient sync's, apart from the step's
 
     def setup_groups(self, groups: Sequence[Group]) -> None:
         base = self.data.Get_group()
@@ -151,11 +157,16 @@ class MpiComm(Comm):
                 continue
             if len(g) == self.size:
                 self.groups[g] = _returning(self.data.Dup())
-                continue
-            sub = base.Incl(list(g))
-            self.groups[g] = _returning(self.data.Create_group(sub, tag))
-            sub.Free()
+            else:
+                sub = base.Incl(list(g))
+                self.groups[g] = _returning(self.data.Create_group(sub, tag))
+                sub.Free()
         base.Free()
+
+    def setup_sync_groups(self, groups):
+        for g in groups:
+            if self.rank in g and g not in self.sync_groups:
+                self.sync_groups[g] = _returning(self.groups[g].Dup())
 
     def exchange(self, sends, recvs, tag):
         if not sends and not recvs:
@@ -169,7 +180,7 @@ class MpiComm(Comm):
         self.groups[group].Allreduce(mpi().IN_PLACE, buf)
 
     def iallreduce(self, group, buf):
-        return self.groups[group].Iallreduce(mpi().IN_PLACE, buf)
+        return self.sync_groups[group].Iallreduce(mpi().IN_PLACE, buf)
 
     def test_all(self, requests):
         return bool(mpi().Request.Testall(list(requests)))
@@ -211,6 +222,10 @@ class NcclComm(Comm):
         self.stream = cupy.cuda.get_current_stream()
         self.side = cupy.cuda.Stream(non_blocking=True)   # the bucketed gradient sync's all-reduces
         self.groups: dict[Group, Any] = {}
+        # The bucketed sync's communicators, apart from the step's: NCCL orders the launches
+        # of one communicator whatever their streams, so a bucket on the step's would hold
+        # back every later exchange or collective of its group until it is done.
+        self.sync_groups: dict[Group, Any] = {}
         self.world_nccl = self._make(tuple(range(self.size)), 0)
 
     def _make(self, group: Group, tag: int) -> Any:
@@ -227,6 +242,11 @@ class NcclComm(Comm):
         for tag, g in enumerate(groups):
             if self.rank in g and g not in self.groups:
                 self.groups[g] = self.world_nccl if len(g) == self.size else self._make(g, tag + 1)
+
+    def setup_sync_groups(self, groups):
+        for g in groups:
+            if self.rank in g and g not in self.sync_groups:
+                self.sync_groups[g] = self._make(g, 0)
 
     def _dtype(self, arr: Array) -> int:
         n = self.nccl
@@ -256,8 +276,8 @@ class NcclComm(Comm):
         ready = self.cupy.cuda.Event(disable_timing=True)
         ready.record(self.stream)
         self.side.wait_event(ready)
-        self.groups[group].allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf),
-                                     self.nccl.NCCL_SUM, self.side.ptr)
+        self.sync_groups[group].allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf),
+                                          self.nccl.NCCL_SUM, self.side.ptr)
         done = self.cupy.cuda.Event(disable_timing=True)
         done.record(self.side)
         return done

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import RunError
+from ..ir.buckets import sync_buckets
 from ..ir.machine_view import MachineView
 from ..ir.opspec import OpKind
 from ..ir.pcg import PCG, TensorRef
@@ -28,7 +29,7 @@ from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
 from .phases import Buf, ByteCounter, StepClock, TimedComm, count_call
 from .program import LOCAL, Assemble, Collective, CollectiveKind, Program, Read, Step, StepKind, Task, build_program
-from .weights import ParamStore
+from .weights import ParamStore, weight_syncs
 
 
 def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | None, backend: str, world: Any,
@@ -596,14 +597,10 @@ def planned_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
                 next(r for r in task.reads if r.src == me)
             name = "reduce" if c.kind is CollectiveKind.BCAST else "bcast"
             calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
-    # ParamStore.update: one all-reduce per group, of its weights' master regions, flat
-    plans = [pl for pl in p.params if me in pl.master]
-    for group in p.groups:
-        members = [pl for pl in plans if pl.group[me] == group]
-        if members and len(group) > 1:
-            total = sum(math.prod(s.stop - s.start for s in pl.master[me]) *
-                        pcg.nodes[pl.node].outputs[0].dtype.itemsize for pl in members)
-            calls.append(("allreduce", (group, Buf(total))))
+    # ParamStore's gradient sync: one all-reduce per flat bucket (ir/buckets.py) this rank is in
+    for b in sync_buckets(pcg, weight_syncs(p), 0):
+        if me in b.group:
+            calls.append(("allreduce", (b.group, Buf(b.nbytes))))
     return calls
 
 

@@ -288,6 +288,8 @@ def predicted_phases_ms(report: Any, devices: int) -> dict[str, float]:
     :class:`~unity_cli.cost.model.CostReport`)."""
     busy = dict.fromkeys(PHASES, 0.0)
     for e in report.events:
+        if e.hidden:       # a bucketed all-reduce beside compute: the step pays its other events
+            continue
         match e.phase:
             case "fwd":
                 key = "fwd_comm" if e.comm else "fwd_compute"

@@ -62,7 +62,10 @@ class ParamStore:
         byname = {p.node: p for p in self.plans}
         self.buckets: list[tuple[SyncBucket, Any]] = []
         self.slots: dict[str, Any] = {}   # a synced weight's slice of its bucket's buffer
-        for b in sync_buckets(program.pcg, weight_syncs(program), bucket_bytes):
+        buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes)
+        if bucket_bytes:
+            comm.setup_sync_groups(sorted({b.group for b in buckets}))
+        for b in buckets:
             if me not in b.group:
                 continue
             ms = [byname[w] for w in b.weights]
