@@ -4,12 +4,15 @@ exactly as the flat sync does, sends the bytes its plan predicts, and passes ``-
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
-from runtime.mpirun import run_json
+from runtime.mpirun import MPIEXEC, SPECS, UNITY, run_json
 from runtime.test_comm_bytes import assert_equal, scrambled
 
 from unity_cli.cluster import load_cluster
+from unity_cli.cost.profile import load_profile
 from unity_cli.ir.buckets import sync_buckets
 from unity_cli.plan.plan import load_plan
 from unity_cli.runtime.program import build_program
@@ -57,3 +60,18 @@ def test_bucketed_searched_plan_on_four_ranks(plans):
     doc = run_json(plan, "--steps", "2", "--check", ranks=4)
     assert doc["check"]["passed"], doc["check"]
     assert_equal(doc, 4)
+
+
+def test_a_bucketed_plan_profiled_in_its_own_steps(plans, tmp_path):
+    """`unity profile --plan` runs a bucketed plan's steps as `unity run` does, and times its
+    pieces and the optimizer's fixed cost there (the buffers filled in backward, not in the
+    update)."""
+    plan = plans.get("bert_tiny", "data_parallel", 2, sync_bucket="16KiB")
+    out = tmp_path / "profile.json"
+    r = subprocess.run([str(MPIEXEC), "-n", "2", str(UNITY), "profile", "--cluster", str(SPECS / "local-cpu.yaml"),
+                        "--out", str(out), "--plan", str(plan)], capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stdout + r.stderr
+    dev = load_profile(out).to_json()["compute"]["cpu-core"]
+    assert any(e.get("in_situ") for e in dev["dtypes"]["float32"].values())
+    assert dev["update_s"]["adam"] >= 0

@@ -542,7 +542,7 @@ def _fixed_costs(plan: Plan, optimizer: str, ranks: Sequence[Mapping[str, float]
     """What the optimizer's and the loss's phases measured on each rank (``ranks``: rank by
     rank, seconds per step) cost beyond the bandwidth terms the cost model prices them at:
     per weight piece updated on that rank, and per step on a rank that computes the loss."""
-    bare = CostConfig(DType(plan.config["dtype"]), Optimizer(optimizer))
+    bare = CostConfig(DType(plan.config["dtype"]), Optimizer(optimizer), sync_bucket=plan.sync_bucket_bytes)
     report = estimate(plan.pcg, plan.views, plan.cluster, bare)
     counts = updates_per_device(plan.pcg, plan.views, plan.cluster, bare)
     upd, loss = np.zeros(plan.cluster.num_devices), np.zeros(plan.cluster.num_devices)
