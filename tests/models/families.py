@@ -63,6 +63,26 @@ def bags(path: Path, width: int = 8) -> Path:
     return _model(path, nodes, [(f"x{i}", width) for i in range(3)], [("w", (3 * width, 4))], 4)
 
 
+def towers(path: Path, width: int = 8) -> Path:
+    """Two 1x1 convolutions of one image (an Inception module's reductions), each with its
+    activation, added, pooled and classified."""
+    rng = np.random.default_rng(3)
+    c, hw = width, 8
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
+             for n, s in (("w1", (c, c, 1, 1)), ("w2", (c, c, 1, 1)), ("wo", (c, 4)))]
+    conv = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "strides": [1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="branch1", **conv),
+             helper.make_node("Conv", ["x", "w2"], ["b"], name="branch2", **conv),
+             helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Sigmoid", ["b"], ["sb"]),
+             helper.make_node("Add", ["ra", "sb"], ["s"]), helper.make_node("GlobalAveragePool", ["s"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node(MM, ["f", "wo"], ["y"])]
+    g = helper.make_graph(nodes, path.stem,
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", c, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def family_plans(root: Path, make, rule_name: str, spec: Path, ranks: int, batch: int = 12,
                  width: int = 8, config: CostConfig = CostConfig()) -> tuple[Path, Path]:
     """Two data-parallel plans over ``ranks`` devices of the model ``make`` writes: as it is,

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from models.families import bags, family_plans, linears, qkv, torch_mlp
+from models.families import bags, family_plans, linears, qkv, torch_mlp, towers
 from onnx import numpy_helper
 from runtime.mpirun import SPECS, run_json
 
@@ -23,6 +23,8 @@ CASES = [  # model, family instance, ranks
     (bags, "concat-linear-3", 2),
     (torch_mlp, "gemm-trans-b-relu-fused", 2),
     (torch_mlp, "gemm-trans-b-relu-fused", 3),
+    (towers, "sibling-conv1x1-2", 2),
+    (towers, "sibling-conv1x1-2", 3),
 ]
 
 

@@ -113,6 +113,9 @@ EXAMPLES: dict[str, list[dict]] = {
     "conv-add-weight": [dict(cfg=CONV_PAD, a=(2, 4, 5, 5), b=(3, 4, 3, 3), c=(3, 4, 3, 3))],
     "conv-scale-input": [dict(cfg=CONV_GROUPED, k=-2, a=(1, 4, 7, 7), b=(6, 2, 3, 3))],
     "conv-scale-weight": [dict(cfg=CONV_PAD, k=3, a=(2, 4, 5, 5), b=(3, 4, 3, 3))],
+    "conv-concat-out-channels": [dict(cfg=CONV_PAD, n1=3, n2=2, a=(2, 4, 5, 5), b=(3, 4, 3, 3), c=(2, 4, 3, 3)),
+                                 dict(cfg=CONV_GROUPED, n1=6, n2=2, a=(1, 4, 7, 7), b=(6, 2, 3, 3),
+                                      c=(2, 2, 3, 3))],   # grouped: the guard does not hold
 }
 
 
@@ -189,8 +192,21 @@ def test_axioms_hash_is_stable_and_content_sensitive():
 
 
 def test_conv_config_round_trips():
-    attrs = ConvAttrs((3, 3), (2, 2), (0, 1, 0, 1), (1, 1), 2)
-    assert conv_attrs(conv_config(attrs)) == attrs
+    for attrs in (ConvAttrs((3, 3), (2, 2), (0, 1, 0, 1), (1, 1), 2), ConvAttrs((1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
+                  ConvAttrs((3,), (1,), (1, 1), (1,))):
+        assert conv_attrs(conv_config(attrs)) == attrs
+    # the guard of conv-concat-out-channels: ungrouped 2-D convs only
+    assert CONV_PAD < 0 < CONV_GROUPED and conv_config(ConvAttrs((3,), (1,), (1, 1), (1,))) > 0
+
+
+def test_the_out_channel_law_is_false_for_a_grouped_conv():
+    """Without its guard the law is false: a grouped conv's output channels read only their
+    group's input channels, and stacking weights regroups them."""
+    (axiom,) = [a for a in AXIOMS if a.name == "conv-concat-out-channels"]
+    law, _ = quantified(axiom, signature())
+    unguarded = Law(law.lhs, law.rhs)
+    example = dict(cfg=CONV_GROUPED, n1=2, n2=2, a=(1, 4, 7, 7), b=(2, 2, 3, 3), c=(2, 2, 3, 3))
+    assert not all(check(unguarded, example, seed) for seed in range(4))
 
 
 def test_conv_model_matches_onnxruntime():

@@ -19,11 +19,23 @@ from unity_cli.substitutions.families import (
     concat_gemm,
     concat_linear,
     gemm,
+    sibling_convs,
     sibling_gemms,
     sibling_matmuls,
 )
 from unity_cli.substitutions.match import apply_match, find_matches
-from unity_cli.substitutions.parallel_rules import add, concat, make_rule, matmul, relu, split, transpose, unary
+from unity_cli.substitutions.parallel_rules import (
+    add,
+    concat,
+    conv,
+    make_rule,
+    matmul,
+    op,
+    relu,
+    split,
+    transpose,
+    unary,
+)
 from unity_cli.substitutions.rule import Constraint, load_rules
 from unity_cli.substitutions.semantics import evaluate
 from unity_cli.substitutions.verify import verify_rule
@@ -41,7 +53,8 @@ def test_every_instance_ships_in_the_rule_cache():
     shipped = {r.id for r in load_rules(default_rules_path()).rules}
     assert {r.id for r in FAMILY_RULES} <= shipped
     names = {r.name for r in FAMILY_RULES}
-    assert {f"concat-linear-{MAX_ARITY}", "sibling-matmul-3", "sibling-gemm-2", "gemm-trans-b-as-matmul-add"} <= names
+    assert {f"concat-linear-{MAX_ARITY}", "sibling-matmul-3", "sibling-gemm-2", "gemm-trans-b-as-matmul-add",
+            "sibling-conv1x1-2", "sibling-conv3x3-4"} <= names
 
 
 def _equal(names, axis):
@@ -75,6 +88,20 @@ def _wrong_variants():
         [gemm("x", "Wt1", "b1", trans_b=True), gemm("x", "Wt2", "b2", trans_b=True)],
         split(gemm("x", concat("Wt1", "Wt2", axis=-2), concat("b2", "b1", axis=-1), trans_b=True), -1, 2),
         params=(), constraints=_equal(["Wt1", "Wt2"], -2))
+    c1 = [conv("x", wi, (1, 1), (0, 0, 0, 0)) for wi in ("W1", "W2")]
+    yield "sibling convs, weights stacked by input channels", make_rule(
+        "x", ("x", "W1", "W2"), c1, split(conv("x", concat("W1", "W2", axis=-3), (1, 1), (0, 0, 0, 0)), -3, 2),
+        params=(), constraints=_equal(["W1", "W2"], -4))
+    yield "sibling convs, outputs swapped", make_rule(
+        "x", ("x", "W1", "W2"), c1,
+        split(conv("x", concat("W1", "W2", axis=-4), (1, 1), (0, 0, 0, 0)), -3, 2)[::-1],
+        params=(), constraints=_equal(["W1", "W2"], -4))
+
+    def grouped(x, w):
+        return op(OpKind.Conv, x, w, kernel=(1, 1), strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=2)
+    yield "sibling convs, grouped (stacking the weights regroups them)", make_rule(
+        "x", ("x", "W1", "W2"), [grouped("x", "W1"), grouped("x", "W2")],
+        split(grouped("x", concat("W1", "W2", axis=-4)), -3, 2), params=(), constraints=_equal(["W1", "W2"], -4))
     yield "gemm with trans_b, the transpose dropped", make_rule(
         "x", ("x", "Wt", "b"), gemm("x", "Wt", "b", trans_b=True), add(matmul("x", "Wt"), "b"), params=())
     yield "gemm, the bias dropped", make_rule(
@@ -152,6 +179,15 @@ def test_a_layer_over_embedding_bags_splits_over_them():
     pcg = import_model_proto_of("xdl")
     _rewrites_preserve_values(pcg, concat_linear(3), 1)
     assert not find_matches(pcg, concat_linear(2)) and not find_matches(pcg, concat_linear(4))
+
+
+def test_inception_fuses_its_equal_1x1_reductions():
+    """Inception-v3's modules reduce one input with several 1x1 convolutions; those of equal
+    width fuse into one (a 48-wide one beside two 64-wide ones stays apart)."""
+    pcg = import_model_proto_of("inception-v3")
+    _rewrites_preserve_values(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0)), 2)
+    assert not find_matches(pcg, sibling_convs(3, (1, 1), (0, 0, 0, 0)))
+    assert not find_matches(pcg, sibling_convs(2, (3, 3), (1, 1, 1, 1)))   # its 3x3s read different inputs
 
 
 def test_pytorch_linears_take_the_gemm_rules(tmp_path):

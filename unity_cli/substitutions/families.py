@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..ir.ops.linear import FUSED_ACTIVATIONS
 from ..ir.opspec import OpKind
-from .parallel_rules import Arg, Expr, add, concat, make_rule, matmul, op, split, transpose, unary
+from .parallel_rules import Arg, Expr, add, concat, conv, make_rule, matmul, op, split, transpose, unary
 from .rule import Constraint, Rule
 
 MAX_ARITY = 8
@@ -146,6 +146,24 @@ def sibling_gemms(n: int) -> Rule:
                          f"Split(Gemm(x, Concat(Wt1..Wt{n}, -2), Concat(b1..b{n}, -1)), -1, {n})")
 
 
+SIBLING_CONVS = (((1, 1), (0, 0, 0, 0)), ((3, 3), (1, 1, 1, 1)))
+"""The 2-D convolutions (kernel, pads; stride and dilation 1, ungrouped, no bias) a
+sibling-conv rule fuses: Inception's 1x1 reductions of one input, and same-size 3x3s."""
+
+
+def sibling_convs(n: int, kernel: tuple[int, ...], pads: tuple[int, ...]) -> Rule:
+    """n convolutions of one input are one on the weights stacked by output channels, then
+    a Split along the channels (proved by ``conv-concat-out-channels``, true for ungrouped
+    convs: an output channel reads its own weight row alone)."""
+    w = [f"W{i}" for i in range(1, n + 1)]
+    tag = "x".join(map(str, kernel))
+    return make_rule(f"sibling-conv{tag}-{n}", ("x", *w), [conv("x", wi, kernel, pads) for wi in w],
+                     split(conv("x", concat(*w, axis=-4), kernel, pads), -3, n), params=(),
+                     constraints=_equal_widths(w, -4),
+                     doc=f"Conv{tag}(x, W1), ..., Conv{tag}(x, W{n}) = "
+                         f"Split(Conv{tag}(x, Concat(W1..W{n}, out-channels)), channels, {n})")
+
+
 def family_rules() -> list[Rule]:
     """Every instance of every family, in a fixed order."""
     out = gemm_rules() + fused_activation_rules()
@@ -153,6 +171,7 @@ def family_rules() -> list[Rule]:
     out += [concat_gemm(n) for n in range(2, MAX_ARITY + 1)]
     out += [sibling_matmuls(n) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_gemms(n) for n in range(2, MAX_SIBLINGS + 1)]
+    out += [sibling_convs(n, k, p) for k, p in SIBLING_CONVS for n in range(2, MAX_SIBLINGS + 1)]
     return [_tagged(r) for r in out]
 
 

@@ -337,17 +337,25 @@ class Conv(OpSpec):
                                                    s.scale(v.k, s.conv(v.cfg, v.a, v.b)))),
         Axiom("conv-scale-weight", lambda s, v: Law(s.conv(v.cfg, v.a, s.scale(v.k, v.b)),
                                                     s.scale(v.k, s.conv(v.cfg, v.a, v.b)))),
+        # ungrouped 2-D (cfg < 0): output channel m reads weight row m alone, so weights
+        # stacked by rows give outputs stacked by channels (sibling convs fused)
+        Axiom("conv-concat-out-channels", lambda s, v: Law(
+            s.conv(v.cfg, v.a, s.concat(-4, v.n1, v.n2, v.b, v.c)),
+            s.concat(-3, v.n1, v.n2, s.conv(v.cfg, v.a, v.b), s.conv(v.cfg, v.a, v.c)), v.cfg < 0)),
     )
 
 
 def conv_config(attrs: ConvAttrs) -> int:
     """The ``cfg`` integer that names a Conv's attributes in the verifier's terms
-    (reversible, see :func:`conv_attrs`)."""
-    return int.from_bytes(attrs_key(attrs).encode(), "big")
+    (reversible, see :func:`conv_attrs`): negative for an ungrouped 2-D conv, the one
+    whose output channels are its weight's rows (the guard of ``conv-concat-out-channels``)."""
+    key = int.from_bytes(attrs_key(attrs).encode(), "big")
+    return -key if attrs.groups == 1 and len(attrs.kernel) == 2 else key
 
 
 def conv_attrs(cfg: int) -> ConvAttrs:
-    return attrs_from_json(json.loads(cfg.to_bytes((cfg.bit_length() + 7) // 8, "big").decode()))
+    key = abs(cfg)
+    return attrs_from_json(json.loads(key.to_bytes((key.bit_length() + 7) // 8, "big").decode()))
 
 
 def _conv_meaning(run, attrs: ConvAttrs, x, w):
