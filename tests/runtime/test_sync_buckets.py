@@ -39,6 +39,8 @@ def test_bucketed_trains_as_flat_does(plans, strategy):
     assert a["loss"] == b["loss"]
     assert_equal(b, 2)
     assert b["phases_ms"]["measured"]["grad_sync"] > 0 and b["phases_ms"]["predicted"]["grad_sync"] > 0
+    assert a["sync"] == {"bucket_bytes": 0, "all_reduces": buckets_of(flat)}
+    assert b["sync"] == {"bucket_bytes": 1, "all_reduces": buckets_of(bucketed)}
 
 
 def test_bucketed_over_random_views_on_three_ranks(plans, tmp_path):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import kernels
+from ..cluster.units import format_bytes
 from ..errors import PlanError, RunError, UnityError, UsageError
 from ..files import check_output
 from ..plan.plan import Plan, load_plan
@@ -82,6 +83,8 @@ class RunReport:
     predicted_sent_bytes: list[int] = field(default_factory=list)  # per device, from the plan (cost.moves)
     plan_sha256: str = ""          # the plan's content_sha256: report --measured checks the run is of its plan
     peak_rss_bytes: list[int] = field(default_factory=list)   # per rank: the process's peak resident memory
+    sync: dict[str, int] = field(default_factory=dict)   # the gradient sync: bucket_bytes (0: flat) and
+                                                         # all_reduces (rank 0's per step)
 
     @property
     def measured_ms(self) -> float:
@@ -103,6 +106,7 @@ class RunReport:
             "phases_ms": {"measured": self.phases_ms, "predicted": self.predicted_phases_ms},
             "comm_bytes": {"measured": self.sent_bytes, "predicted": self.predicted_sent_bytes},
             "peak_rss_bytes": self.peak_rss_bytes,
+            "sync": self.sync,
         }
         if self.check is not None:
             out["check"] = self.check
@@ -126,6 +130,11 @@ class RunReport:
                       for k, row in enumerate(phase_table(self.phases_ms, self.predicted_phases_ms))]
         if self.sent_bytes:
             lines += _bytes_lines(self.sent_bytes, self.predicted_sent_bytes)
+        if self.sync.get("all_reduces"):
+            n, size = self.sync["all_reduces"], self.sync.get("bucket_bytes", 0)
+            how = (f"in buckets of at least {format_bytes(size)}, each started during backward" if size
+                   else "after backward, one flat buffer per group")
+            lines.append(f"sync     {n} gradient all-reduce{'s' * (n != 1)} per step on rank 0, {how}")
         if self.peak_rss_bytes:
             shown = " ".join(f"{b / 2**20:.0f}" for b in self.peak_rss_bytes[:8])
             lines.append(f"memory   peak resident {shown}{' ...' if len(self.peak_rss_bytes) > 8 else ''} MiB "
@@ -422,5 +431,6 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
                        float(job.plan.predicted.get("step_time_ms", 0.0)),
                        check.to_json() if check is not None else None, saved, warnings,
                        phases, predicted_phases, [round(steps[-1]) for steps in sent], predicted_sent,
-                       job.plan.sha256, rss)
+                       job.plan.sha256, rss,
+                       {"bucket_bytes": job.params.bucket_bytes, "all_reduces": len(job.params.buckets)})
     return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)
