@@ -7,8 +7,10 @@ other devices, every parallel op as the runtime runs it, the weight-gradient all
 the loss's gathering), over the spec's links or the profile's measured ones; the
 machine-mapping DP prices nodes with the same :func:`node_cost`. A list-scheduling
 simulation over two streams per device (compute and communication) turns these into a
-step time, so independent work overlaps; the weight-gradient all-reduces run after the
-backward pass of their devices, as the runtime runs them.
+step time, so independent work overlaps; the weight-gradient all-reduces run as the
+runtime runs them (``ir/buckets.py``): flat, after the backward pass of their devices, or
+in buckets started during it, the share of each the profile measured hiding under compute
+(``comm.sync_overlap``) beside it; ``CostConfig.sync_bucket`` None picks the fastest.
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 A rank keeps the ``master`` region of each weight that :class:`~.program.ParamPlan`
 gives it, with the optimizer state for that region. After backward it adds up its
 resident pieces' gradients into the master's, all-reduces them with the ranks that keep
-the same region (one flat buffer per group: data parallelism's gradient sync), updates
-the master and re-cuts its resident pieces from it.
+the same region (data parallelism's gradient sync, in the buckets of ``ir/buckets.py``: one
+flat buffer per group after backward, or buckets started during backward as soon as their
+gradients are whole), updates the master and re-cuts its resident pieces from it.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class ParamStore:
         # The gradient sync's all-reduces (ir/buckets.py), each over a flat buffer made once:
         # a weight's gradient is written into its slice there and all-reduced in place.
         self.bucket_bytes = bucket_bytes
-        byname = {p.node: p for p in self.plans}
+        self._by_node = {p.node: p for p in self.plans}
         self.buckets: list[tuple[SyncBucket, Any]] = []
         self.slots: dict[str, Any] = {}   # a synced weight's slice of its bucket's buffer
         buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes)
@@ -68,7 +69,7 @@ class ParamStore:
         for b in buckets:
             if me not in b.group:
                 continue
-            ms = [byname[w] for w in b.weights]
+            ms = [self._by_node[w] for w in b.weights]
             flat = xp.empty(sum(self.master[p.name].size for p in ms), dtype=self.master[ms[0].name].dtype)
             at = 0
             for p in ms:
@@ -81,7 +82,6 @@ class ParamStore:
         self.keep_synced = False      # --check: keep each step's synced gradients (memory: one more copy)
         self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
         self.synced: dict[str, Any] = {}
-        self._by_node = {p.node: p for p in self.plans}
         self._full: dict[str, Any] = {}   # this step's gradient of each master region
 
     def residents(self) -> dict[TensorRef, Any]:
