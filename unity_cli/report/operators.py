@@ -68,13 +68,14 @@ def heaviest_table(rows: Sequence[OperatorRow], limit: int = 10,
     if not top:
         return ""
     width = min(max(len(r.name) for r in top), 48)
-    head = f"  {'operator':<{width}}  {'kind':<18}{'parallel shape':<26}{'devs':>5}{'compute':>11}{'comm':>11}"
+    kinds = max(18, *(len(r.kind) + 1 for r in top))     # LayerNormalization is 18 letters
+    head = f"  {'operator':<{width}}  {'kind':<{kinds}}{'parallel shape':<26}{'devs':>5}{'compute':>11}{'comm':>11}"
     if baseline is not None:
         head += f"{'vs DP':>11}"
     lines = [head]
     for r in top:
         name = r.name if len(r.name) <= width else "…" + r.name[-(width - 1):]
-        line = (f"  {name:<{width}}  {r.kind:<18}{r.degrees[:25]:<26}{r.devices:>5}"
+        line = (f"  {name:<{width}}  {r.kind:<{kinds}}{r.degrees[:25]:<26}{r.devices:>5}"
                 f"{r.compute_ms:>9.3f}ms{r.comm_ms:>9.3f}ms")
         if baseline is not None:
             b = baseline.get(r.name)
