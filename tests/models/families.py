@@ -64,19 +64,17 @@ def bags(path: Path, width: int = 8) -> Path:
 
 
 def towers(path: Path, width: int = 8) -> Path:
-    """An Inception module's reductions: two 1x1 convolutions of one image, of unequal
-    widths, each with its activation, concatenated along the channels, pooled and
-    classified."""
+    """Two 1x1 convolutions of one image (an Inception module's reductions), each with its
+    activation, added, pooled and classified."""
     rng = np.random.default_rng(3)
-    c, half, hw = width, max(1, width // 2), 8
+    c, hw = width, 8
     inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
-             for n, s in (("w1", (c, c, 1, 1)), ("w2", (half, c, 1, 1)), ("wo", (c + half, 4)))]
+             for n, s in (("w1", (c, c, 1, 1)), ("w2", (c, c, 1, 1)), ("wo", (c, 4)))]
     conv = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "strides": [1, 1]}
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="branch1", **conv),
              helper.make_node("Conv", ["x", "w2"], ["b"], name="branch2", **conv),
              helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Sigmoid", ["b"], ["sb"]),
-             helper.make_node("Concat", ["ra", "sb"], ["s"], axis=1),
-             helper.make_node("GlobalAveragePool", ["s"], ["p"]),
+             helper.make_node("Add", ["ra", "sb"], ["s"]), helper.make_node("GlobalAveragePool", ["s"], ["p"]),
              helper.make_node("Flatten", ["p"], ["f"]), helper.make_node(MM, ["f", "wo"], ["y"])]
     g = helper.make_graph(nodes, path.stem,
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", c, hw, hw])],

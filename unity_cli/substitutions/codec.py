@@ -1,10 +1,8 @@
 """Between PCG operator attributes and rank-free pattern attributes.
 
 Pattern attributes count axes from the end, describe a transpose by the permutation of
-the trailing dims it moves, a split by its number of equal parts or by the sizes of
-rule inputs' dims (``("dim", input, axis)``: a fused projection split back into its
-weights' widths), and a Combine of replicas by ``dim = "copy"``; parallel degrees may be
-parameters. ``to_pattern`` and
+the trailing dims it moves, a split by its number of equal parts, and a Combine of
+replicas by ``dim = "copy"``; parallel degrees may be parameters. ``to_pattern`` and
 ``from_pattern`` are inverses for every attribute a rule can carry.
 """
 from __future__ import annotations
@@ -75,13 +73,6 @@ def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], bindi
     pat = dict(node.attrs)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(spec.attrs_type):
-        if f.name == "sizes" and node.kind == OpKind.Split and _sized_by_dims(pat.get("sizes")):
-            axis = _value(pat["axis"], binding) + rank
-            sizes = tuple(binding[dim_key(t, a)] for _, t, a in pat["sizes"])
-            if sum(sizes) != inputs[0].sizes[axis]:
-                raise ShapeError(f"Split into {list(sizes)} of a dim of size {inputs[0].sizes[axis]}")
-            kwargs["sizes"] = sizes
-            continue
         if f.name == "sizes" and node.kind == OpKind.Split and "parts" in pat:
             parts = _value(pat["parts"], binding)
             axis = _value(pat["axis"], binding) + rank
@@ -126,35 +117,6 @@ def _retyped(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def dim_key(tensor: str, axis: int) -> str:
-    """The binding's name for the size of a rule input's dim (``("dim", tensor, axis)``)."""
-    return f"dim:{tensor}:{axis}"
-
-
-def _sized_by_dims(v: Any) -> bool:
-    return isinstance(v, tuple) and bool(v) and all(isinstance(x, tuple) and x[:1] == ("dim",) for x in v)
-
-
-def sized_by_dims(rule: Any) -> tuple[tuple[str, int], ...]:
-    """The rule-input dims (``(input, axis)``) whose sizes a Split of the rule's target or
-    source is split into (none for a rule whose splits name equal parts)."""
-    return tuple(sorted({(t, a) for p in (rule.src, rule.dst) for n in p.nodes for _, v in n.attrs
-                         if _sized_by_dims(v) for _, t, a in v}))
-
-
-def bind_dims(pattern: Pattern, binding: Mapping[str, int],
-              shape_of: typing.Callable[[str], ParallelTensorShape]) -> dict[str, int]:
-    """``binding`` with the size of every rule-input dim the pattern's attributes name (a
-    Split by its inputs' widths), read from ``shape_of(input)``."""
-    out = dict(binding)
-    for n in pattern.nodes:
-        for _, v in n.attrs:
-            if _sized_by_dims(v):
-                for _, t, a in v:
-                    out[dim_key(t, a)] = shape_of(t).sizes[a]
-    return out
-
-
 def _value(v: AttrValue, binding: Mapping[str, int]) -> Any:
     if isinstance(v, Param):
         if v.name not in binding:
@@ -194,7 +156,6 @@ def instantiate(pattern: Pattern, b: GraphBuilder, inputs: Mapping[str, TensorRe
                 binding: Mapping[str, int]) -> list[TensorRef]:
     """Add a pattern's nodes to ``b`` over the given input tensors; returns its outputs."""
     env = dict(inputs)
-    binding = bind_dims(pattern, binding, lambda t: b.shape(env[t]))
     for n in pattern.nodes:
         refs = [env[t] for t in n.inputs]
         attrs = from_pattern(n, [b.shape(r) for r in refs], binding)

@@ -9,16 +9,14 @@ proved by the same verifier as every other (a concatenation of 4 is a different 
 one of 3, so each arity is its own proof). Matching needs the arity of a graph's
 operator to equal the pattern's, which is why each arity is its own rule.
 
-A sibling fusion splits its product back into the weights' own widths, equal or not (its
-Split names them: ``split_as``). A Concat-Linear's parts must be of equal width (its
-weight is cut into n equal row blocks); a constraint says so, so a graph with unequal
-parts does not match it.
+Widths must be equal across the n parts (the split that undoes a concatenation names its
+number of equal parts); a constraint says so, so a graph with unequal parts does not match.
 """
 from __future__ import annotations
 
 from ..ir.ops.linear import FUSED_ACTIVATIONS
 from ..ir.opspec import OpKind
-from .parallel_rules import Arg, Expr, add, concat, conv, make_rule, matmul, op, split, split_as, transpose, unary
+from .parallel_rules import Arg, Expr, add, concat, conv, make_rule, matmul, op, split, transpose, unary
 from .rule import Constraint, Rule
 
 MAX_ARITY = 8
@@ -127,14 +125,13 @@ def concat_gemm(n: int) -> Rule:
 
 
 def sibling_matmuls(n: int) -> Rule:
-    """n MatMuls of one input are one MatMul on the concatenated weights, then a Split back
-    into the weights' widths, equal or not (a multi-output rule: attention's Q, K and V
-    projections, a model's towers on one input)."""
+    """n MatMuls of one input are one MatMul on the concatenated weights, then a Split
+    (a multi-output rule: attention's Q, K and V projections)."""
     w = [f"W{i}" for i in range(1, n + 1)]
     return make_rule(f"sibling-matmul-{n}", ("x", *w), [matmul("x", wi) for wi in w],
-                     split_as(matmul("x", concat(*w, axis=-1)), -1, [(wi, -1) for wi in w]), params=(),
-                     doc=f"MatMul(x, W1), ..., MatMul(x, W{n}) = "
-                         f"Split(MatMul(x, Concat(W1..W{n}, -1)), -1, widths of W1..W{n})")
+                     split(matmul("x", concat(*w, axis=-1)), -1, n), params=(),
+                     constraints=_equal_widths(w, -1),
+                     doc=f"MatMul(x, W1), ..., MatMul(x, W{n}) = Split(MatMul(x, Concat(W1..W{n}, -1)), -1, {n})")
 
 
 def sibling_gemms(n: int) -> Rule:
@@ -143,11 +140,10 @@ def sibling_gemms(n: int) -> Rule:
     w = [f"Wt{i}" for i in range(1, n + 1)]
     b = [f"b{i}" for i in range(1, n + 1)]
     return make_rule(f"sibling-gemm-{n}", ("x", *w, *b), [gemm("x", wi, bi, trans_b=True) for wi, bi in zip(w, b)],
-                     split_as(gemm("x", concat(*w, axis=-2), concat(*b, axis=-1), trans_b=True), -1,
-                              [(wi, -2) for wi in w]), params=(),
-                     constraints=[Constraint("EQUAL", ("rank", bi), 1) for bi in b],
+                     split(gemm("x", concat(*w, axis=-2), concat(*b, axis=-1), trans_b=True), -1, n), params=(),
+                     constraints=_equal_widths(w, -2) + [Constraint("EQUAL", ("rank", bi), 1) for bi in b],
                      doc=f"Gemm(x, Wt1, b1), ..., Gemm(x, Wt{n}, b{n}) = "
-                         f"Split(Gemm(x, Concat(Wt1..Wt{n}, -2), Concat(b1..b{n}, -1)), -1, widths of Wt1..Wt{n})")
+                         f"Split(Gemm(x, Concat(Wt1..Wt{n}, -2), Concat(b1..b{n}, -1)), -1, {n})")
 
 
 SIBLING_CONVS = (((1, 1), (0, 0, 0, 0)), ((3, 3), (1, 1, 1, 1)))
@@ -157,14 +153,15 @@ sibling-conv rule fuses: Inception's 1x1 reductions of one input, and same-size 
 
 def sibling_convs(n: int, kernel: tuple[int, ...], pads: tuple[int, ...]) -> Rule:
     """n convolutions of one input are one on the weights stacked by output channels, then
-    a Split back into their widths, equal or not (proved by ``conv-concat-out-channels``,
-    true for ungrouped convs: an output channel reads its own weight row alone)."""
+    a Split along the channels (proved by ``conv-concat-out-channels``, true for ungrouped
+    convs: an output channel reads its own weight row alone)."""
     w = [f"W{i}" for i in range(1, n + 1)]
     tag = "x".join(map(str, kernel))
     return make_rule(f"sibling-conv{tag}-{n}", ("x", *w), [conv("x", wi, kernel, pads) for wi in w],
-                     split_as(conv("x", concat(*w, axis=-4), kernel, pads), -3, [(wi, -4) for wi in w]), params=(),
+                     split(conv("x", concat(*w, axis=-4), kernel, pads), -3, n), params=(),
+                     constraints=_equal_widths(w, -4),
                      doc=f"Conv{tag}(x, W1), ..., Conv{tag}(x, W{n}) = "
-                         f"Split(Conv{tag}(x, Concat(W1..W{n}, out-channels)), channels, widths of W1..W{n})")
+                         f"Split(Conv{tag}(x, Concat(W1..W{n}, out-channels)), channels, {n})")
 
 
 def family_rules() -> list[Rule]:

@@ -22,7 +22,7 @@ import itertools
 import math
 import multiprocessing
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from ..ir.opspec import OpKind, attrs_key
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape, TensorShape
 from .axioms import Signature, axioms_for, function_symbols, signature
-from .codec import AXIS_FIELDS, bind_dims, from_pattern, sized_by_dims
+from .codec import AXIS_FIELDS, from_pattern
 from .rule import Constraint, Pattern, Rule
 from .semantics import evaluate
 
@@ -79,10 +79,6 @@ DEGREES = (2, 3)
 """Values tried for each parameter (only those that divide the base shape's dims)."""
 MAX_BINDINGS = 4
 MAX_MIXED = 243
-MAX_MIXED_SIZED = 20_000
-"""Mixed layouts tried for a rule whose Split is sized by its inputs' widths, until three
-with unequal widths type-check (a sibling Gemm of 4 has 9 inputs: its first 243 combinations
-never vary a weight's width)."""
 """How many mixed-shape layouts to try when no generic one type-checks the source."""
 CONV_SPATIAL = 5
 MAX_INSTANCES = 5000
@@ -155,20 +151,11 @@ def check_layouts(rule: Rule) -> list[Instance]:
     for layout in candidate_layouts(rule):
         problem = _try_layout(rule, layout, instances)
         first_problem = first_problem or problem
-    refs = sized_by_dims(rule)
-    if not instances or refs:
-        # a split by its inputs' widths is proved where those widths differ, too: equal
-        # ones cannot tell a right order of the parts from a wrong one
-        found = 0
-        for layout in mixed_layouts(rule, MAX_MIXED_SIZED if refs else MAX_MIXED):
-            before = len(instances)
+    if not instances:
+        for layout in mixed_layouts(rule):
             _try_layout(rule, layout, instances)
-            if len(instances) > before and (not refs or len({layout.shapes[t].sizes[a] for t, a in refs}) > 1):
-                found += 1
-                if found >= 3:
-                    break
-        if refs and not found:
-            raise Rejected("does not type-check where the widths its Split names differ")
+            if len(instances) >= 3:
+                break
     if not instances:
         raise Rejected(f"does not type-check: {first_problem}")
     return instances
@@ -207,7 +194,6 @@ def build(pattern: Pattern, layout: Layout) -> tuple[PCG, dict[str, ParallelTens
     env: dict[str, TensorRef] = {}
     for name, shape in layout.shapes.items():
         env[name] = b.add(InputAttrs(shape.logical), (), name, outputs=[shape])[0]
-    binding = bind_dims(pattern, layout.binding, lambda t: b.shape(env[t]))
     for n in pattern.nodes:
         refs = [env[t] for t in n.inputs]
         shapes = [b.shape(r) for r in refs]
@@ -216,7 +202,7 @@ def build(pattern: Pattern, layout: Layout) -> tuple[PCG, dict[str, ParallelTens
             v = dict(n.attrs).get(f)
             if isinstance(v, int) and not -rank <= v < 0:
                 raise ShapeError(f"{n.kind}: axis {v} does not exist in a rank-{rank} tensor")
-        outs = b.add(from_pattern(n, shapes, binding), refs)
+        outs = b.add(from_pattern(n, shapes, layout.binding), refs)
         if len(outs) != len(n.outputs):
             raise ShapeError(f"{n.kind} makes {len(outs)} outputs, the pattern names {len(n.outputs)}")
         env.update(zip(n.outputs, outs, strict=True))
@@ -239,17 +225,19 @@ def candidate_layouts(rule: Rule) -> list[Layout]:
     return out
 
 
-def mixed_layouts(rule: Rule, limit: int = 0) -> Iterator[Layout]:
+def mixed_layouts(rule: Rule) -> list[Layout]:
     """Layouts whose inputs differ in shape ([4,4], [4,8], [8,4], and [4,4n], [4n,4] for a
     rule with an n-input operator, whose weight spans n parts), for rules that need it."""
     wide = max((len(n.inputs) for n in rule.src.nodes + rule.dst.nodes), default=2)
     menu = ((4, 4), (4, 8), (8, 4)) + (((4, 4 * wide), (4 * wide, 4)) if wide > 2 else ())
+    out = []
     names = list(rule.inputs)
-    for combo in itertools.islice(itertools.product(menu, repeat=len(names)), limit or MAX_MIXED):
-        shapes = {name: _input_shape(rule, name, dims, mixed=True) for name, dims in zip(names, combo, strict=True)}
+    for combo in itertools.islice(itertools.product(menu, repeat=len(names)), MAX_MIXED):
+        shapes = {name: _input_shape(rule, name, dims) for name, dims in zip(names, combo, strict=True)}
         layout = _constrained(Layout(shapes, _bindings(rule)[0]), rule.constraints)
         if layout is not None:
-            yield layout
+            out.append(layout)
+    return out
 
 
 def _bindings(rule: Rule) -> list[dict[str, int]]:
@@ -257,10 +245,8 @@ def _bindings(rule: Rule) -> list[dict[str, int]]:
     return [dict(zip(rule.params, c, strict=True)) for c in itertools.islice(combos, MAX_BINDINGS)]
 
 
-def _input_shape(rule: Rule, name: str, base: tuple[int, ...], mixed: bool = False) -> ParallelTensorShape:
-    """A generic shape for one input, bent to how the rule uses it (ids, conv operands);
-    ``mixed``: a conv weight's output channels from ``base[0]`` (its input channels, as
-    always, from ``base[-1]``), so that sibling convs can differ in width."""
+def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensorShape:
+    """A generic shape for one input, bent to how the rule uses it (ids, conv operands)."""
     n = base[-1]
     for node in rule.src.nodes + rule.dst.nodes:
         if name not in node.inputs:
@@ -275,7 +261,7 @@ def _input_shape(rule: Rule, name: str, base: tuple[int, ...], mixed: bool = Fal
             kernel, groups = attrs["kernel"], attrs.get("groups", 1)
             groups = groups if isinstance(groups, int) and n % groups == 0 else 1
             dims = {0: (base[0], n) + (CONV_SPATIAL + max(kernel),) * len(kernel),
-                    1: (base[0] if mixed else n, n // groups) + tuple(kernel), 2: (n,)}[pos]
+                    1: (n, n // groups) + tuple(kernel), 2: (n,)}[pos]
             return ParallelTensorShape.unpartitioned(TensorShape(dims))
     return ParallelTensorShape.unpartitioned(TensorShape(base))
 
