@@ -40,6 +40,21 @@ def test_explain_json(tmp_path, tiny_models):
     keys = {"name", "kind", "compute_ms", "comm_ms", "data_parallel_ms"}
     assert doc["operators"] and keys <= set(doc["operators"][0])
     assert any(op["data_parallel_ms"] is not None for op in doc["operators"])
+    # how the gradients are synced: flat here (no profile measured an overlap)
+    assert doc["sync"]["bucket_bytes"] == 0 and doc["sync"]["all_reduces"] >= 1 and doc["sync"]["bytes"] > 0
+
+
+def test_explain_says_how_the_sync_runs(tmp_path, tiny_models):
+    out = tmp_path / "plan.json"
+    for bucket, want in (("flat", "after backward"), ("4KiB", "in buckets of at least 4.0 KiB")):
+        r = CliRunner().invoke(cli, ["optimize", str(tiny_models / "bert_tiny.onnx"), "--cluster",
+                                     str(SPECS / "dgx-a100-8.yaml"), "--batch-size", "16", "--strategy",
+                                     "data_parallel", "--sync-bucket", bucket, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        shown = CliRunner().invoke(cli, ["explain", str(out)]).output.splitlines()
+        (line,) = [x for x in shown if x.startswith("sync")]
+        assert want in line, line
+        out.unlink()
 
 
 def test_explain_without_the_model_says_so(tmp_path, tiny_models):
