@@ -19,7 +19,7 @@ from unity_cli.cluster import load_cluster
 from unity_cli.cluster.collectives import Collective
 from unity_cli.cost.comm import collective_time, groups_time, link_for
 from unity_cli.cost.model import CostConfig, CostContext, estimate, node_cost
-from unity_cli.cost.profile import Calibration, Profile, default_profile_path, load_profile
+from unity_cli.cost.profile import Calibration, Profile, default_profile_path, fit_alpha_beta, load_profile
 from unity_cli.errors import ProfileError
 from unity_cli.ir import DType
 from unity_cli.ir.pieces import piece_attrs
@@ -29,7 +29,6 @@ from unity_cli.plan.plan import load_plan
 from unity_cli.profiling.profiler import (
     TimingPolicy,
     distinct_pieces,
-    fit_alpha_beta,
     pieces_of,
     plan_graphs,
     run_profile,
