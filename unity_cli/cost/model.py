@@ -275,9 +275,10 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
     synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
+    weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
     best, tried = None, set()
     for bucket in sync_bucket_choices(cluster, config):
-        syncs = _flat_syncs(ctx, priced) if bucket == 0 else _bucket_syncs(ctx, priced, bucket)
+        syncs = _flat_syncs(ctx, weights) if bucket == 0 else _bucket_syncs(ctx, weights, bucket)
         if tuple(syncs) in tried:     # a larger size that cuts the same buckets: the same step
             continue
         tried.add(tuple(syncs))
@@ -345,11 +346,7 @@ class SyncClass:
     devices: tuple[int, ...]
     seconds: float
     overlap: float = 0.0           # the share that runs beside compute (the profile's sync_overlap)
-    copy: Mapping[int, float] = field(default_factory=dict)   # bucketed: each device's filling of its
-                                                              # buffers, in backward
-
-    def __hash__(self) -> int:
-        return hash((self.ready, self.devices, self.seconds, self.overlap, tuple(sorted(self.copy.items()))))
+    copy: tuple[float, ...] = ()   # bucketed: each of ``devices``' filling of its buffers, in backward
 
 
 SYNC_BUCKETS = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -373,15 +370,14 @@ def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, 
     return (0,)
 
 
-def _flat_syncs(ctx: CostContext, priced: Sequence[tuple[NodeCost, tuple[Move, ...]]]) -> list[SyncClass]:
+def _flat_syncs(ctx: CostContext, weights: Sequence[WeightSync]) -> list[SyncClass]:
     """The gradient sync as the runtime runs it flat (``runtime/weights.py``): one all-reduce
     per group of devices and dtype, over one flat buffer of every weight region the group
     keeps, not one per weight (``ir/buckets.py``). Groups of the same size and buffer run at
     once (sharing a node's network interface, as :func:`~unity_cli.cost.moves.phase_seconds`
     prices them)."""
     classes: dict[tuple[int, int], list[Move]] = {}
-    for b in sorted(sync_buckets(ctx.pcg, weight_syncs(ctx.structure, [ms for _, ms in priced]), 0),
-                    key=lambda b: (b.group, b.dtype)):
+    for b in sorted(sync_buckets(ctx.pcg, weights, 0), key=lambda b: (b.group, b.dtype)):
         classes.setdefault((len(b.group), b.nbytes), []).append(Move(Collective.ALL_REDUCE, "sync", b.group, b.nbytes))
     return [SyncClass(AFTER_BACKWARD, tuple(sorted({d for m in ms for d in m.group})),
                       phase_seconds(ms, ctx.cluster, ctx.config.profile)["sync"])
@@ -398,14 +394,13 @@ def weight_syncs(st: Structure, moves: Sequence[Sequence[Move]]) -> list[WeightS
                    for i, w in st.sync.items()), key=lambda x: x.weight)
 
 
-def _bucket_syncs(ctx: CostContext, priced: Sequence[tuple[NodeCost, tuple[Move, ...]]],
-                  bucket_bytes: int) -> list[SyncClass]:
+def _bucket_syncs(ctx: CostContext, weights: Sequence[WeightSync], bucket_bytes: int) -> list[SyncClass]:
     """The gradient sync bucketed as the runtime buckets it (``ir/buckets.py``, from each
     weight's sync moves), in the order the buckets start."""
     pcg, cluster, profile = ctx.pcg, ctx.cluster, ctx.config.profile
     placed: dict[tuple, int] = {}
     classes: dict[tuple, list] = {}
-    for b in sync_buckets(pcg, weight_syncs(ctx.structure, [ms for _, ms in priced]), bucket_bytes):
+    for b in sync_buckets(pcg, weights, bucket_bytes):
         k = placed[(b.group, b.dtype)] = placed.get((b.group, b.dtype), -1) + 1
         classes.setdefault((-b.ready, len(b.group), b.nbytes, k), []).append(b)
     out = []
@@ -418,7 +413,8 @@ def _bucket_syncs(ctx: CostContext, priced: Sequence[tuple[NodeCost, tuple[Move,
         for b in bs:
             for d in b.group:
                 copy[d] = copy.get(d, 0.0) + sync_copy_seconds(b.nbytes, cluster.device_type(d))
-        out.append(SyncClass(bs[0].ready, ds, phase_seconds(moves, cluster, profile)["sync"], overlap, copy))
+        out.append(SyncClass(bs[0].ready, ds, phase_seconds(moves, cluster, profile)["sync"], overlap,
+                             tuple(copy.get(d, 0.0) for d in ds)))
     return out
 
 
@@ -429,10 +425,11 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
     """List scheduling: forward in topological order, the loss on the output's devices,
     backward in reverse, each node waiting for its inputs (forward) or its consumers'
     gradients (backward) and for its devices; and the gradient all-reduces ``syncs``: a
-    bucket once backward has passed its ready index on all its devices (its buffers filled
-    on the compute stream, then the share of it that does not overlap compute blocking the
-    compute stream, the rest on the communication stream), the flat ones on each group's
-    devices once their backward is done."""
+    bucket as its members start it (:func:`issue` below: each fills its buffers and pays its
+    share of the transfer that does not overlap compute where its backward is; the transfer
+    itself runs on the communication stream once every member has joined), then each
+    device's wait for its last bucket; the flat ones on each group's devices once their
+    backward is done."""
     free_compute = np.zeros(num_devices)    # when each device's streams are next free
     free_comm = np.zeros(num_devices)
 
@@ -465,7 +462,8 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         start = max([fwd_end] + free(free_compute, loss_devs))
         fwd_end = busy(LOSS_NODE, "loss", ((gather, True), (loss_s, False)), start)
     grad_ready = [fwd_end] * len(pcg)
-    pending = [c for c in syncs if c.ready != AFTER_BACKWARD]
+    pending = [c for c in syncs if c.ready != AFTER_BACKWARD]   # in the order they start
+    issued = 0
 
     def at_own_time(devices: np.ndarray, seconds: np.ndarray, phase: str, comm: bool) -> None:
         """Work each device does on its compute stream from where it is (grouped by start)."""
@@ -487,7 +485,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         joined and the link is free, and the share of it that does not overlap compute is
         taken from each member's compute stream (progress made on its core)."""
         ix = device_array(c.devices)
-        at_own_time(ix, np.asarray([c.copy.get(int(d), 0.0) for d in ix]), "bwd", False)
+        at_own_time(ix, np.asarray(c.copy), "bwd", False)
         start = max(float(free_compute[ix].max()), float(free_comm[ix].max()))
         block = (1.0 - c.overlap) * c.seconds
         if block > 0:
@@ -504,9 +502,10 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
             grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:
             grad_ready[i] = start
-        while pending and pending[0].ready >= i:   # backward has run every node from i on
-            issue(pending.pop(0))
-    for c in pending:
+        while issued < len(pending) and pending[issued].ready >= i:   # backward has run every node from i on
+            issue(pending[issued])
+            issued += 1
+    for c in pending[issued:]:
         issue(c)
     waits = np.flatnonzero(last > free_compute)   # a bucketed sync's wait for its last transfers
     if len(waits):

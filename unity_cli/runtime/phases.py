@@ -124,11 +124,8 @@ class TimedComm:
         self.moves: list[tuple[CallMove, ...]] | None = None
         """Set to a list (with a step clock) to keep, beside each kept call, the moves it makes."""
         self._made: dict[tuple, int] = {}
-        for name in _DATA_PLANE:
+        for name in _DATA_PLANE + _SYNC_CALLS:
             setattr(self, name, self._timed(name, getattr(comm, name)))
-        for name in _SYNC_CALLS:
-            if hasattr(comm, name):     # (a test's stand-in may make blocking calls only)
-                setattr(self, name, self._timed_sync(name, getattr(comm, name)))
 
     def new_step(self) -> None:
         """Start numbering the calls afresh (each step makes the same calls)."""
@@ -157,34 +154,29 @@ class TimedComm:
         return ranks, made
 
     def _timed(self, name: str, call: Any) -> Any:
+        """``call`` with its bytes counted and its time added up: a bucketed sync's calls
+        (:data:`_SYNC_CALLS`) to ``sync_seconds`` and keeping no key (a nonblocking call's
+        time is not its transfer's, so no waiting is split off), the others to ``seconds``."""
+        sync = name in _SYNC_CALLS
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             made = call_moves(name, self._comm.rank, self._comm.size, args)
             for kind, group, nbytes, root in made:
                 self.sent.add(kind, nbytes, group, self._comm.rank, root)
-            key = None if self.calls is None else self._key(name, args)
+            key = None if self.calls is None or sync else self._key(name, args)
             t0 = time.perf_counter()
             try:
                 return call(*args, **kwargs)
             finally:
                 spent = time.perf_counter() - t0
-                self.seconds += spent
+                if sync:
+                    self.sync_seconds += spent
+                else:
+                    self.seconds += spent
                 if key is not None and self.calls is not None:
                     self.calls.append((key, spent))
                     if self.moves is not None:
                         self.moves.append(tuple(made))
-        return timed
-
-    def _timed_sync(self, name: str, call: Any) -> Any:
-        """A bucketed sync's call: its bytes counted, its time in ``sync_seconds``. It keeps
-        no key: a nonblocking call's time is not its transfer's, so no waiting is split off."""
-        def timed(*args: Any) -> Any:
-            for kind, group, nbytes, root in call_moves(name, self._comm.rank, self._comm.size, args):
-                self.sent.add(kind, nbytes, group, self._comm.rank, root)
-            t0 = time.perf_counter()
-            try:
-                return call(*args)
-            finally:
-                self.sync_seconds += time.perf_counter() - t0
         return timed
 
     def __getattr__(self, name: str) -> Any:
