@@ -484,7 +484,7 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
     from .plan.plan import load_plan
     from .report.explain import data_parallel_rows
     from .report.operators import operator_rows
-    from .report.summary import summary, sync_summary
+    from .report.summary import placement, summary, sync_summary
 
     check_number("--operators", operators, 0, MAX_COUNT)
     plan = load_plan(plan_path)
@@ -494,7 +494,7 @@ def explain(plan_path: str, operators: int, as_json: bool) -> None:
         rows = operator_rows(plan.pcg, plan.views, plan.cluster, plan_config(plan))
         top = sorted(rows, key=lambda r: (-r.total_ms, r.name))[:operators]
         doc = {"strategy": plan.strategy, "predicted": plan.predicted, "baselines": plan.baselines,
-               "rewrites": list(plan.rewrites), "sync": sync_summary(plan),
+               "rewrites": list(plan.rewrites), "sync": sync_summary(plan), "branches": placement(plan),
                "operators": [{"name": r.name, "kind": r.kind, "parallel_shape": r.degrees, "devices": r.devices,
                               "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
                               "data_parallel_ms": baseline[r.name].total_ms if baseline and r.name in baseline

@@ -235,3 +235,27 @@ def test_the_convention_adds_up():
             assert sum(bcast) == sum(reduce) == 5 * (g - 1)
             assert bcast[group.index(root)] == 5 * (g - 1).bit_length() and reduce[group.index(root)] == 0
     assert sent_bytes(Collective.P2P, 7, (3, 4), 3) == 7 and sent_bytes(Collective.P2P, 7, (3, 4), 4) == 0
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (1, 3), (1, 4), (1, 6), (2, 2), (2, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_branches_on_disjoint_device_groups(clusters, shape):
+    """Every grouping of independent branches (``search/groups.py``), solved on every mesh:
+    each node's pieces packed into its group's devices, the parallel ops moving between
+    the groups and the rest."""
+    from search.test_groups import SMALL  # noqa: PLC0415
+
+    from unity_cli.search.groups import group_ranges, groupings, sub_mesh  # noqa: PLC0415
+    from unity_cli.search.solver import build_problem, factorizations, realize, solve_problem  # noqa: PLC0415
+
+    cluster = clusters[shape]
+    n = cluster.num_devices
+    for _, make in SMALL:
+        pcg = make()
+        for g in groupings(pcg, cluster):
+            for mesh in factorizations(n):
+                p = build_problem(pcg, cluster, CostConfig(), mesh, meshes={i: sub_mesh(mesh, r.count)
+                                                                            for i, r in g.ranges})
+                solved = realize(p, solve_problem(p))
+                ranges = group_ranges(pcg, g, solved)
+                assert ranges is not None
+                assert_bytes_equal(solved, default_views(solved, ranges), n)

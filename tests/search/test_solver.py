@@ -243,7 +243,7 @@ def test_best_starts_from_the_solver_and_never_returns_less():
     c = cluster(4, 6, inter="12.5 GB/s", intra="50 GB/s", flops="15.7 TFLOP/s", capacity="16 GiB")
     res = optimize(pcg, c, CostConfig(), "best", max_candidates=20)
     sol = solve(pcg, c, CostConfig())
-    solved = estimate(sol.pcg, default_views(sol.pcg), c, CostConfig()).step_time
+    solved = estimate(sol.pcg, sol.views, c, CostConfig()).step_time
     assert res.chosen.report.step_time <= solved * (1 + 1e-9)
     assert all(res.chosen.report.step_time <= cand.report.step_time * (1 + 1e-9) for cand in res.candidates.values())
 
@@ -317,8 +317,8 @@ def test_solving_both_ends_of_the_sync_price_finds_what_the_simulation_prefers(m
 
     def simulated(weights):
         monkeypatch.setattr(solver, "SYNC_WEIGHTS", weights)
-        g = solve(pcg, c, CostConfig()).pcg
-        return estimate(g, default_views(g), c, CostConfig()).step_time
+        sol = solve(pcg, c, CostConfig(), grouped=False)    # every operator on every device
+        return estimate(sol.pcg, sol.views, c, CostConfig()).step_time
 
     both = solver.SYNC_WEIGHTS
     assert simulated((1.0,)) > dp_time * 1.005         # the mispricing this guards against

@@ -14,7 +14,7 @@ from ..plan.config import plan_config
 from ..plan.plan import Plan
 from ..runtime.phases import predicted_phases_ms
 from ..search.baselines import Strategy
-from .operators import OperatorRow, heaviest_table, operator_rows
+from .operators import OperatorRow, heaviest_table, node_label, operator_rows
 
 
 def fmt_ms(ms: float) -> str:
@@ -68,6 +68,10 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     sync = sync_summary(plan)
     if sync["all_reduces"]:
         lines.append(f"sync     {sync_text(sync)}")
+    groups = placement(plan)
+    if groups:
+        lines.append(f"branches independent branches side by side, each on its own devices ({len(groups)} groups):")
+        lines += [f"           {placement_text(g)}" for g in groups]
     if operators:
         rows = operator_rows(plan.pcg, plan.views, plan.cluster, plan_config(plan))
         lines.append("")
@@ -96,6 +100,39 @@ def sync_summary(plan: Plan) -> dict[str, int]:
     buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes)
     return {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
             "bytes": sum(b.nbytes for b in buckets)}
+
+
+def placement(plan: Plan) -> list[dict]:
+    """The plan's compute operators that run on disjoint device groups (parallel branches,
+    ``search/groups.py``), by group in device order: each group's devices and operators.
+    Empty when no two of them are on disjoint devices (every operator on every device, or
+    a few left on the first ones)."""
+    n = plan.cluster.num_devices
+    by_devices: dict[frozenset[int], list[str]] = {}
+    for i, node in plan.pcg:
+        if node.spec.is_source or node.spec.is_parallel_op:
+            continue
+        devs = frozenset(plan.views[i].devices(node.outputs[0]))
+        if len(devs) < n:
+            by_devices.setdefault(devs, []).append(node_label(plan.pcg, i))
+    sets = list(by_devices)
+    if not any(a.isdisjoint(b) for k, a in enumerate(sets) for b in sets[k + 1:]):
+        return []
+    return [{"devices": sorted(d), "operators": by_devices[d]} for d in sorted(sets, key=lambda d: (min(d), len(d)))]
+
+
+def placement_text(group: Mapping, shown: int = 4) -> str:
+    """``devices 0-1: tower0.0, tower0.1`` (runs of devices as ranges; at most ``shown`` names)."""
+    runs: list[list[int]] = []
+    for d in group["devices"]:
+        if runs and runs[-1][1] == d - 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    where = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+    names = group["operators"]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"device{'s' * (len(group['devices']) > 1)} {where}: {', '.join(names[:shown])}{more}"
 
 
 def sync_text(sync: Mapping[str, int]) -> str:

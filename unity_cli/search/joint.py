@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..cluster.spec import ClusterSpec
@@ -93,6 +93,9 @@ class JointSearch:
     matches_per_rule: int = 4
     degrees: tuple[int, ...] = ()
     progress: Callable[[SearchStats, float, float], None] | None = None
+    placed: Mapping[tuple, tuple[MachineView, ...]] = field(default_factory=dict)
+    """Views of graphs not laid out by the default views: the inner solver's with branches on
+    disjoint device groups (``groups.py``), by the graph's node hashes."""
     stats: SearchStats = field(default_factory=SearchStats)
     _improved_at: int = field(default=0, init=False, repr=False)   # candidates costed at the last improvement
 
@@ -108,7 +111,7 @@ class JointSearch:
         self._kinds = [frozenset(n.kind for n in r.src.nodes) for r, _ in self._rules]
 
     def cost(self, pcg: PCG) -> tuple[tuple[MachineView, ...], CostReport]:
-        views = default_views(pcg)
+        views = self.placed.get(pcg.node_hashes) or default_views(pcg)
         return views, estimate(pcg, views, self.cluster, self.config)
 
     def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
@@ -231,19 +234,22 @@ class SolvedSearch(JointSearch):
     cost tables one run shares, so a rewritten graph prices only the operators it changed.
     ``solve`` maps a plain graph to its solved graph (None: unsolvable; priced on one device)."""
 
-    solve: Callable[[PCG], PCG | None] | None = None
+    solve: Callable[..., PCG | None] | None = None
 
     def cost(self, pcg: PCG) -> tuple[tuple[MachineView, ...], CostReport]:
-        solved = self.solve(pcg)
-        g = pcg if solved is None else solved
-        views = default_views(g)
-        return views, estimate(g, views, self.cluster, self.config)
+        solved = self.solve(pcg, grouped=False)
+        return super().cost(pcg if solved is None else solved)
 
     def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
-        """The best solved graph: the search walks plain graphs; the winner is returned solved."""
+        """The best solved graph: the search walks plain graphs, each solved with every
+        operator on every device; the winner is solved again with its branches also tried
+        on disjoint device groups (``groups.py``: a few more solves, once)."""
         found = super().run(starts)
         solved = self.solve(found.pcg)
-        return found if solved is None else Found(solved, found.views, found.report, found.start, found.path)
+        if solved is None:
+            return found
+        views, rep = JointSearch.cost(self, solved)
+        return Found(solved, views, rep, found.start, found.path)
 
 
 def fusing_rules(rules: Sequence[Rule]) -> list[tuple[Rule, str, bool]]:

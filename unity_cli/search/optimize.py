@@ -43,7 +43,7 @@ from .baselines import (
 from .joint import Found, JointSearch, SearchStats, SolvedSearch, fuse_activations
 from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
-from .solver import Tables, solve
+from .solver import Solution, Tables, regroup, solve
 from .views import default_views
 
 SEARCHES = (Strategy.UNITY, Strategy.PARALLEL_ONLY, Strategy.ALGEBRAIC_THEN_PARALLEL)
@@ -134,26 +134,40 @@ class _Evaluator:
     budget: float | None
     deadline: float | None
     cache: dict = field(default_factory=dict)
-    solved: dict = field(default_factory=dict)   # the inner solver's graph, by the graph it solved
+    solved: dict = field(default_factory=dict)   # the inner solver's solution, by the graph it solved
     one_device: dict = field(default_factory=dict)   # the one-device algebraic search, by graph and work
     tables: Tables | None = None                 # the inner solver's cost tables, shared by the run
+    placed: dict = field(default_factory=dict)   # the solver's views of graphs with branches on device groups
 
     @property
     def cut(self) -> bool:
         """Whether the time ceiling cut any mapping of this run."""
         return any(c for _, c in self.cache.values())
 
-    def solve(self, pcg: PCG) -> PCG | None:
-        """The inner parallelization solver's graph for ``pcg`` (once per run and graph)."""
-        key = pcg.node_hashes
+    def solve(self, pcg: PCG, grouped: bool = True) -> PCG | None:
+        """The inner parallelization solver's graph for ``pcg`` (once per run, graph and
+        ``grouped``: whether independent branches may also go on disjoint device groups;
+        such a graph's views are kept in ``placed``). A graph solved both ways is solved
+        flat once."""
+        sol = self.solution(pcg, grouped)
+        return None if sol is None else sol.pcg
+
+    def solution(self, pcg: PCG, grouped: bool) -> Solution | None:
+        key = (pcg.node_hashes, grouped)
         if key not in self.solved:
             if self.tables is None:
                 self.tables = Tables(self.cluster, self.config)
             try:
-                sol = solve(pcg, self.cluster, self.config, tables=self.tables)
+                if not grouped:
+                    sol = solve(pcg, self.cluster, self.config, tables=self.tables, grouped=False)
+                else:
+                    flat = self.solution(pcg, False)
+                    sol = None if flat is None else regroup(pcg, self.cluster, self.config, flat, self.tables)
             except ShapeError:
                 sol = None
-            self.solved[key] = None if sol is None else sol.pcg
+            self.solved[key] = sol
+            if sol is not None and sol.grouping is not None:
+                self.placed[sol.pcg.node_hashes] = sol.views
         return self.solved[key]
 
     def __call__(self, baseline: Baseline, priced: tuple | None = None) -> Candidate:
@@ -271,7 +285,7 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         outer = SolvedSearch(cluster, config, [r for r in rules if not (r.is_parallel or r.is_fusion)],
                              budget=_part(budget, 0.25),
                              alpha=alpha, progress=progress, max_candidates=solved_candidates(pcg, cap),
-                             solve=ev.solve)
+                             solve=ev.solve, placed=ev.placed)
         won = outer.run([("plain", pcg, ()), ("rewritten for one device", one.pcg, one.path)])
         starts.append(("rewritten and solved", won.pcg, won.path))
         stats = one_stats + outer.stats
@@ -284,7 +298,7 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     rest = max(1, cap - stats.candidates)
     search = JointSearch(cluster, config, rules, budget=left, alpha=alpha, progress=progress,
                          max_candidates=scaled_candidates(pcg, rest, POLISH_WORK) if solved else rest,
-                         patience=POLISH_PATIENCE if solved else JointSearch.patience)
+                         patience=POLISH_PATIENCE if solved else JointSearch.patience, placed=ev.placed)
     found = search.run(starts)
     found, priced = fuse_activations(found, cluster, config, rules)
     search.stats.candidates += priced
@@ -298,7 +312,7 @@ def _solved(pcg: PCG, cluster: ClusterSpec, config: CostConfig, ev: _Evaluator, 
     g = ev.solve(pcg)
     if g is None:
         return None
-    views = default_views(g)
+    views = ev.placed.get(g.node_hashes) or default_views(g)
     return Found(g, views, estimate(g, views, cluster, config), start)
 
 

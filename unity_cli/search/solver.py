@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import assert_never
@@ -64,6 +64,7 @@ from ..cost.model import (
 from ..cost.moves import node_moves, phase_calls
 from ..deadline import check
 from ..errors import ShapeError
+from ..ir.machine_view import MachineView
 from ..ir.ops.elementwise import UnaryAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import SUM, backward_mask, input_layout
@@ -72,6 +73,7 @@ from ..ir.schedule import needs_grad
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
 from .elimination import Elimination, TooWide
+from .groups import Grouping, group_ranges, groupings, sub_mesh
 from .reshard import reshard
 from .views import default_views
 
@@ -160,6 +162,9 @@ class Solution:
     objective: float
     mesh: tuple[int, int]
     choice: dict[int, Option]
+    views: tuple[MachineView, ...]           # the default views, or with its branches on their device groups
+    step_time: float                         # the step simulation's, under ``views``
+    grouping: Grouping | None = None         # None: every operator on every device
 
 
 def factorizations(n: int) -> list[tuple[int, int]]:
@@ -393,8 +398,9 @@ def _source_kind(n: Node) -> Tensor:
 
 
 def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int],
-                  tables: Tables | None = None) -> Problem:
-    """The cost tables of ``pcg`` (a plain graph: no parallel ops) on ``mesh``."""
+                  tables: Tables | None = None, meshes: Mapping[int, tuple[int, int]] | None = None) -> Problem:
+    """The cost tables of ``pcg`` (a plain graph: no parallel ops) on ``mesh``; ``meshes``:
+    the operators laid out on a group of fewer devices (``groups.py``), with its mesh."""
     tables = tables or Tables(cluster, config)
     nodes = tuple(i for i, n in pcg if not n.spec.is_source)
     if any(pcg.nodes[i].spec.is_parallel_op for i in nodes):
@@ -406,10 +412,11 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     returned = {r.node for r in pcg.outputs}
     grads = needs_grad(pcg, pcg.outputs[0])
     keys = {}
+    on = {i: mesh if meshes is None else meshes.get(i, mesh) for i in nodes}
     for i in nodes:
         check()
-        options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, mesh, i in returned, grads)
-        keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned)
+        options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, on[i], i in returned, grads)
+        keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned, on[i])
     edges, edge_memory = [], []
     for v in nodes:
         n = pcg.nodes[v]
@@ -418,7 +425,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
             if u not in options:
                 continue
             check()
-            table, held = tables.edge((keys[u], mesh), keys[v], r.index, k, r in grads, options[u], options[v])
+            table, held = tables.edge(keys[u], keys[v], r.index, k, r in grads, options[u], options[v])
             edges.append((u, v, table))
             edge_memory.append(held)
     caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
@@ -669,32 +676,58 @@ def realize(p: Problem, choice: dict[int, int]) -> PCG:
 
 
 def solve(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(),
-          devices: int | None = None, tables: Tables | None = None) -> Solution | None:
+          devices: int | None = None, tables: Tables | None = None, grouped: bool = True) -> Solution | None:
     """The best parallelization of ``pcg`` over ``devices`` (default: all) devices, over every
     mesh factorization; None if no program was small enough to solve or none fits. Pass one
-    ``tables`` to solve many graphs of a run: each prices only what the others did not."""
+    ``tables`` to solve many graphs of a run: each prices only what the others did not.
+    With ``grouped``, the graph's independent branches are also solved on disjoint device
+    groups (:func:`regroup`)."""
     n = devices or cluster.num_devices
     tables = tables or Tables(cluster, config)
     best: Solution | None = None
-    best_time = math.inf
     for mesh in factorizations(n):
-        try:
-            p = build_problem(pcg, cluster, config, mesh, tables)
-        except ShapeError:
-            continue
-        tried: set[tuple[int, ...]] = set()
-        for weight in SYNC_WEIGHTS:
-            choice = solve_problem(p.sync_weighted(weight))
-            if choice is None or (key := tuple(choice[i] for i in p.nodes)) in tried:
-                continue
-            tried.add(key)
-            # The optima are compared as the final pricing sees them: the step simulation
-            # overlaps what the additive objective adds up.
-            g = realize(p, choice)
-            rep = estimate(g, default_views(g), cluster, config)
-            if not rep.feasible:
-                continue
-            if best is None or rep.step_time < best_time * (1 - 1e-12):
-                best = Solution(g, p.objective(choice), mesh, {i: p.options[i][k] for i, k in choice.items()})
-                best_time = rep.step_time
+        for sol in _solutions(pcg, cluster, config, mesh, tables):
+            if best is None or sol.step_time < best.step_time * (1 - 1e-12):
+                best = sol
+    if best is None or not grouped or n != cluster.num_devices:
+        return best
+    return regroup(pcg, cluster, config, best, tables)
+
+
+def regroup(pcg: PCG, cluster: ClusterSpec, config: CostConfig, flat: Solution, tables: Tables) -> Solution:
+    """``flat`` (``pcg`` solved with every operator on every device), or the fastest solution
+    of ``pcg``'s groupings (:func:`groups.groupings`, on ``flat``'s mesh) where the step
+    simulation finds one faster."""
+    best = flat
+    for grouping in groupings(pcg, cluster):
+        meshes = {i: sub_mesh(flat.mesh, r.count) for i, r in grouping.ranges}
+        for sol in _solutions(pcg, cluster, config, flat.mesh, tables, meshes, grouping):
+            if sol.step_time < best.step_time * (1 - 1e-12):
+                best = sol
     return best
+
+
+def _solutions(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int], tables: Tables,
+               meshes: Mapping[int, tuple[int, int]] | None = None, grouping: Grouping | None = None):
+    """The optima of one mesh (and grouping) that fit, each priced by the step simulation."""
+    try:
+        p = build_problem(pcg, cluster, config, mesh, tables, meshes)
+    except ShapeError:
+        return
+    tried: set[tuple[int, ...]] = set()
+    for weight in SYNC_WEIGHTS:
+        choice = solve_problem(p.sync_weighted(weight))
+        if choice is None or (key := tuple(choice[i] for i in p.nodes)) in tried:
+            continue
+        tried.add(key)
+        # The optima are compared as the final pricing sees them: the step simulation
+        # overlaps what the additive objective adds up.
+        g = realize(p, choice)
+        ranges = None if grouping is None else group_ranges(pcg, grouping, g)
+        if grouping is not None and ranges is None:
+            continue
+        views = default_views(g, ranges)
+        rep = estimate(g, views, cluster, config)
+        if rep.feasible:
+            yield Solution(g, p.objective(choice), mesh, {i: p.options[i][k] for i, k in choice.items()},
+                           views, rep.step_time, grouping)

@@ -47,16 +47,23 @@ class Parallel:
 SP = Leaf | Series | Parallel
 
 
-def decompose(pcg: PCG, nodes: Iterable[int] | None = None) -> SP:
+def decompose(pcg: PCG, nodes: Iterable[int] | None = None, roots_apart: bool = True) -> SP:
+    """``roots_apart``: a node without predecessors among ``nodes`` (but the first) is never
+    a bottleneck, as a realized graph's stored weight layouts should not be; without it,
+    branches that start at the graph's inputs are ``Parallel`` like any others."""
     keep = sorted(set(range(len(pcg))) if nodes is None else set(nodes))
     preds = {i: {r.node for r in pcg.nodes[i].inputs} for i in keep}
-    return _decompose(tuple(keep), preds)
+    return _decompose(tuple(keep), preds, roots_apart)
 
 
-def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]]) -> SP:
+def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]], roots_apart: bool = True) -> SP:
     if len(nodes) == 1:
         return Leaf(nodes[0])
     check()
+
+    def part(sub: tuple[int, ...]) -> SP:
+        return _decompose(sub, all_preds, roots_apart)
+
     pos = {v: k for k, v in enumerate(nodes)}
     preds = [[pos[p] for p in all_preds[v] if p in pos] for v in nodes]
     comps = _components(nodes, {v: {nodes[p] for p in preds[k]} for k, v in enumerate(nodes)})
@@ -64,7 +71,7 @@ def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]]) -> SP:
         half = len(comps) // 2
         left = tuple(sorted(i for c in comps[:half] for i in c))
         right = tuple(sorted(i for c in comps[half:] for i in c))
-        return Parallel(_decompose(left, all_preds), _decompose(right, all_preds))
+        return Parallel(part(left), part(right))
     n = len(nodes)
     # Ancestor and descendant sets as bitmasks over positions (nodes are topologically sorted):
     # one pass each, where networkx.ancestors is a search per node (quadratic on a chain).
@@ -86,7 +93,7 @@ def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]]) -> SP:
     # only after goes second: the second part never feeds the first.
     roots = [k for k in range(n) if not preds[k]]
     inner = (1 << n) - 1
-    for k in roots[1:] if len(roots) < n else ():
+    for k in roots[1:] if roots_apart and len(roots) < n else ():
         inner &= ~(1 << k)
     m = inner.bit_count()
     cuts = [k for k in range(n) if inner >> k & 1 and (anc[k] & inner).bit_count() + (desc[k] & inner).bit_count()
@@ -98,12 +105,12 @@ def _decompose(nodes: tuple[int, ...], all_preds: dict[int, set[int]]) -> SP:
         first = tuple(nodes[k] for k in range(n) if first_mask >> k & 1)
         then = tuple(nodes[k] for k in range(n) if not first_mask >> k & 1)
         if then:
-            return Series(_decompose(first, all_preds), _decompose(then, all_preds))
+            return Series(part(first), part(then))
     if cuts:  # the only bottleneck is the last node
         c = max(cuts)
-        return Series(_decompose(tuple(v for k, v in enumerate(nodes) if k != c), all_preds), Leaf(nodes[c]))
+        return Series(part(tuple(v for k, v in enumerate(nodes) if k != c)), Leaf(nodes[c]))
     half = n // 2  # nodes are in topological order: a prefix is closed under ancestors
-    return Series(_decompose(nodes[:half], all_preds), _decompose(nodes[half:], all_preds), serialized=True)
+    return Series(part(nodes[:half]), part(nodes[half:]), serialized=True)
 
 
 def _components(nodes: tuple[int, ...], preds: dict[int, set[int]]) -> list[tuple[int, ...]]:

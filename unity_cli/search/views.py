@@ -10,8 +10,14 @@ A Reduction or Combine that leaves fewer pieces than it reads keeps each merged 
 the first device of the group that merged it, so a tensor-parallel group's result stays in
 that group (for ``tp=T,dp=D``: batch shard ``b`` of a reduced output on device ``b*T``)
 instead of being packed onto devices 0.. that belong to other groups.
+
+Given ``ranges`` (per node, a contiguous range of devices ``(start, count)``, or None for
+all of them), each node's pieces are packed the same way from the start of its range:
+parallel branches of a graph then run on disjoint device groups (``groups.py``).
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ..cost.model import layout_sources
 from ..ir.machine_view import MachineView, packed_view, parallel_axes
@@ -21,15 +27,18 @@ from ..ir.pcg import PCG
 from ..ir.shapes import ParallelTensorShape
 
 
-def default_views(pcg: PCG) -> tuple[MachineView, ...]:
+def default_views(pcg: PCG, ranges: Sequence[tuple[int, int] | None] | None = None) -> tuple[MachineView, ...]:
     layout = layout_sources(pcg)
     out: list[MachineView] = []
     for i, n in pcg:
         shape = n.outputs[0]
+        where = ranges[i] if ranges is not None else None
         merged = _merged_axis(pcg, i)
         if merged is not None and layout[n.inputs[0].node] is None:  # of a computed tensor, not a stored layout
-            out.append(_kept_on_first(out[n.inputs[0].node], shape, *merged))
-            continue
+            view = _kept_on_first(out[n.inputs[0].node], shape, *merged)
+            if where is None or _inside(view, shape, where):
+                out.append(view)
+                continue
         r = shape.rank
         sum_axis, copy_axis = r, r + 1
         dims_inner = list(range(r - 1, 0, -1))
@@ -38,8 +47,13 @@ def default_views(pcg: PCG) -> tuple[MachineView, ...]:
             order = [sum_axis] + dims_inner + ([0] if r else []) + [copy_axis]
         else:
             order = [sum_axis] + dims_inner + [copy_axis] + ([0] if r else [])
-        out.append(packed_view(shape, order))
+        out.append(packed_view(shape, order, 0 if where is None or shape.pieces > where[1] else where[0]))
     return tuple(out)
+
+
+def _inside(view: MachineView, shape: ParallelTensorShape, where: tuple[int, int]) -> bool:
+    start, count = where
+    return all(start <= d < start + count for d in view.devices(shape))
 
 
 def _merged_axis(pcg: PCG, i: int) -> tuple[int, int] | None:

@@ -1,0 +1,157 @@
+"""Parallel branches on disjoint device groups (``search/groups.py``): the groupings split
+the devices as described, each grouping's program is solved exactly, the solver keeps one
+only where the step simulation finds it faster, and weight-heavy towers at a small batch
+come out on their own devices, faster than every plan that puts every operator everywhere."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from search.test_solver import _model, branches, cluster, mlp
+
+from unity_cli.cost.model import CostConfig, estimate
+from unity_cli.search.baselines import STRATEGIES, hybrid, hybrid_degrees
+from unity_cli.search.groups import group_ranges, groupings, sub_mesh
+from unity_cli.search.mapping import Resources
+from unity_cli.search.solver import brute_force, build_problem, factorizations, realize, solve, solve_problem
+from unity_cli.search.views import default_views
+
+
+def towers(batch: int, width: int, count: int = 2, depth: int = 1, widths: tuple[int, ...] = ()):
+    """``count`` MLP towers of ``depth`` MatMuls on one input, concatenated, then a head."""
+    rng = np.random.default_rng(3)
+    widths = widths or (width,) * count
+    nodes, inits, outs = [], [], []
+    for t, w in enumerate(widths):
+        x = "x"
+        for k in range(depth):
+            inits.append(numpy_helper.from_array(rng.standard_normal((width if k == 0 else w, w)).astype(np.float32),
+                                                 f"w{t}_{k}"))
+            nodes.append(helper.make_node("MatMul", [x, f"w{t}_{k}"], [f"h{t}_{k}"], name=f"tower{t}.{k}"))
+            x = f"h{t}_{k}"
+        outs.append(x)
+    nodes.append(helper.make_node("Concat", outs, ["c"], axis=1, name="cat"))
+    inits.append(numpy_helper.from_array(rng.standard_normal((sum(widths), 4)).astype(np.float32), "head"))
+    nodes.append(helper.make_node("MatMul", ["c", "head"], ["y"], name="head"))
+    return _model(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4])])
+
+
+def _ranges(pcg, g) -> dict[str, Resources]:
+    return {pcg.nodes[i].name: r for i, r in g.ranges}
+
+
+def test_two_towers_split_the_devices_in_halves_and_by_work():
+    pcg = towers(8, 64, widths=(64, 192))
+    c = cluster(1, 8)
+    gs = groupings(pcg, c)
+    halves = next(g for g in gs if g.depth == 1 and not g.balanced)
+    by_work = next(g for g in gs if g.depth == 1 and g.balanced)
+    assert _ranges(pcg, halves) == {"tower0.0": Resources(0, 4), "tower1.0": Resources(4, 4)}
+    assert _ranges(pcg, by_work) == {"tower0.0": Resources(0, 2), "tower1.0": Resources(2, 6)}   # 1 : 3
+    # What is not a branch (the join, the head) keeps every device.
+    assert all(pcg.nodes[i].name.startswith("tower") for g in gs for i, _ in g.ranges)
+
+
+def test_four_towers_nest_and_a_split_keeps_node_boundaries():
+    pcg = towers(12, 32, count=4)
+    c = cluster(2, 6)
+    gs = {(g.depth, g.balanced): _ranges(pcg, g) for g in groupings(pcg, c)}
+    assert gs[(1, False)] == {"tower0.0": Resources(0, 6), "tower1.0": Resources(0, 6),
+                              "tower2.0": Resources(6, 6), "tower3.0": Resources(6, 6)}
+    assert gs[(2, False)] == {"tower0.0": Resources(0, 3), "tower1.0": Resources(3, 3),
+                              "tower2.0": Resources(6, 3), "tower3.0": Resources(9, 3)}
+    # Deeper than the graph nests gives nothing new: no grouping twice.
+    assert len(groupings(pcg, c)) == len({tuple(g.ranges) for g in groupings(pcg, c)})
+
+
+def test_a_chain_or_one_device_has_no_grouping():
+    assert groupings(mlp(8, [16, 16, 16]), cluster(1, 4)) == []
+    assert groupings(towers(8, 16), cluster(1, 1)) == []
+
+
+@pytest.mark.parametrize("mesh,count,want", [((2, 4), 4, (2, 2)), ((1, 8), 4, (1, 4)), ((2, 3), 3, (1, 3)),
+                                              ((6, 8), 24, (6, 4)), ((4, 4), 1, (1, 1))])
+def test_a_group_keeps_what_it_can_of_the_first_mesh_axis(mesh, count, want):
+    assert sub_mesh(mesh, count) == want
+
+
+SMALL = [("towers", lambda: towers(6, 12)), ("towers2", lambda: towers(6, 6, depth=2)),
+         ("towers3", lambda: towers(12, 6, count=3)), ("branches", lambda: branches(6, 12))]
+CLUSTERS = [(1, 2), (1, 4), (1, 6), (2, 3), (2, 2)]
+
+
+@pytest.mark.parametrize("name,make", SMALL, ids=[s[0] for s in SMALL])
+@pytest.mark.parametrize("shape", CLUSTERS, ids=[f"{a}x{b}" for a, b in CLUSTERS])
+def test_each_grouping_is_solved_exactly_and_its_memory_is_counted(name, make, shape):
+    """Every grouping on every mesh (operators on their group's sub-mesh): the solver's
+    optimum is brute force's, and its memory count is never below the busiest device's
+    once the branches are on their groups."""
+    pcg = make()
+    c = cluster(*shape)
+    gs = groupings(pcg, c)
+    assert gs
+    for g in gs:
+        for mesh in factorizations(c.num_devices):
+            meshes = {i: sub_mesh(mesh, r.count) for i, r in g.ranges}
+            p = build_problem(pcg, c, CostConfig(), mesh, meshes=meshes)
+            assert all(p.options[i][0].outputs[0].pieces <= r.count for i, r in g.ranges)
+            want, got = brute_force(p), solve_problem(p)
+            assert want is not None and got is not None
+            assert p.objective(got) == pytest.approx(want[0], rel=1e-9, abs=1e-15), (g.name, mesh)
+            solved = realize(p, got)
+            ranges = group_ranges(pcg, g, solved)
+            assert ranges is not None
+            views = default_views(solved, ranges)
+            rep = estimate(solved, views, c, CostConfig())
+            assert p.memory(got) >= max(rep.memory)
+            # every compute operator runs inside its range
+            for i, n in solved:
+                if ranges[i] is not None and not n.spec.is_parallel_op and not n.spec.is_source:
+                    start, count = ranges[i]
+                    assert all(start <= d < start + count for d in views[i].devices(n.outputs[0]))
+
+
+@pytest.mark.parametrize("name,make", SMALL, ids=[s[0] for s in SMALL])
+@pytest.mark.parametrize("shape", [(1, 4), (2, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_grouping_is_kept_only_where_faster(name, make, shape):
+    pcg = make()
+    c = cluster(*shape)
+    flat = solve(pcg, c, CostConfig(), grouped=False)
+    sol = solve(pcg, c, CostConfig())
+    t_flat = estimate(flat.pcg, flat.views, c, CostConfig()).step_time
+    t = estimate(sol.pcg, sol.views, c, CostConfig()).step_time
+    assert t <= t_flat * (1 + 1e-12)
+    if sol.grouping is None:
+        assert sol.views == default_views(sol.pcg)
+    else:
+        assert t < t_flat
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (1, 6), (5, 6), (2, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_weight_heavy_towers_run_on_their_own_devices(shape):
+    """Four 2048-wide towers at batch 24: every operator on every device syncs (or
+    all-reduces the activations of) every tower's weights on every device; on their own
+    groups each device handles one tower's. The solver finds it, and it beats every
+    baseline and uniform tp x dp hybrid priced by the same model."""
+    c = cluster(*shape)
+    pcg = towers(24 * c.num_devices // 2, 2048, count=4, depth=2)
+    sol = solve(pcg, c, CostConfig())
+    assert sol.grouping is not None
+    t = estimate(sol.pcg, sol.views, c, CostConfig()).step_time
+    devices = {}
+    for i, n in sol.pcg:
+        if n.name.startswith("tower") and not n.spec.is_parallel_op:
+            devices.setdefault(n.name.split(".")[0], set()).update(sol.views[i].devices(n.outputs[0]))
+    assert len(devices) == 4
+    sets = list(devices.values())
+    assert any(a.isdisjoint(b) for k, a in enumerate(sets) for b in sets[k + 1:])
+    flat = solve(pcg, c, CostConfig(), grouped=False)
+    others = [estimate(flat.pcg, flat.views, c, CostConfig()).step_time]
+    for build in STRATEGIES.values():
+        g = build(pcg, c).pcg
+        others.append(estimate(g, default_views(g), c, CostConfig()).step_time)
+    for tp, dp in hybrid_degrees(c.num_devices, 24 * c.num_devices // 2):
+        g = hybrid(pcg, tp, dp).pcg
+        others.append(estimate(g, default_views(g), c, CostConfig()).step_time)
+    assert t < min(others)

@@ -1,0 +1,146 @@
+"""Parallel branches on disjoint device groups.
+
+The inner solver (``solver.py``) lays every operator out over all the devices. Independent
+branches of a graph (an Inception block's towers, DLRM's embedding tables beside its bottom
+MLP) can instead run side by side, each on its own contiguous range of devices: each
+device then computes, and syncs the weights of, its own branch only, and pays for the
+branch's input to reach its group and for its output to leave it.
+
+A :class:`Grouping` gives each compute operator of a plain graph its range. The branches
+are the ``Parallel`` parts of the graph's series-parallel decomposition (``sp.py``); down
+to ``depth`` nested ``Parallel`` parts, each splits its devices between its two sides, in
+halves as the machine-mapping DP does (at a node boundary when it spans nodes) or in
+proportion to the two sides' work (floating-point operations, forward and backward). The
+solver solves each grouping with every operator's options on its own range's devices, and
+the step simulation decides whether it beats the plan on all devices, so a grouping is
+kept only where it is faster. :func:`group_ranges` carries a grouping over to the solved
+graph (its parallel ops, and the weights they lay out, go where their readers are), and
+``views.default_views`` packs each node's pieces into its range.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..cluster.spec import ClusterSpec
+from ..ir.pcg import PCG
+from .mapping import Resources, splits
+from .sp import SP, Leaf, Parallel, Series, decompose
+
+DEPTHS = (1, 2, 3)
+"""How deep the nested ``Parallel`` parts that split their devices may go: 1 splits each
+region's two sides, 2 each side's two sides again (four towers on four groups), and so on."""
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Each compute operator's device range (absent: all the devices)."""
+
+    depth: int
+    balanced: bool                          # split by the sides' work, else in halves
+    ranges: tuple[tuple[int, Resources], ...]
+
+    @property
+    def name(self) -> str:
+        return f"branches on disjoint devices (depth {self.depth}, {'by work' if self.balanced else 'halves'})"
+
+
+def groupings(pcg: PCG, cluster: ClusterSpec) -> list[Grouping]:
+    """The distinct groupings of ``pcg``'s compute operators worth solving, shallowest first
+    (none when the graph has no independent branches, or one device)."""
+    nodes = [i for i, n in pcg if not n.spec.is_source]
+    if cluster.num_devices < 2 or len(nodes) < 2:
+        return []
+    tree = decompose(pcg, nodes, roots_apart=False)
+    work = {i: _work(pcg, i) for i in nodes}
+    out: list[Grouping] = []
+    seen: set[tuple] = set()
+    for depth in DEPTHS:
+        for balanced in (False, True):
+            ranges: dict[int, Resources] = {}
+            _walk(tree, Resources(0, cluster.num_devices), depth, balanced, work, cluster, ranges)
+            key = tuple(sorted(ranges.items()))
+            if ranges and key not in seen:
+                seen.add(key)
+                out.append(Grouping(depth, balanced, key))
+    return out
+
+
+def _work(pcg: PCG, i: int) -> float:
+    n = pcg.nodes[i]
+    c = n.spec.cost(n.op, [pcg.shape(r).logical for r in n.inputs], [s.logical for s in n.outputs])
+    return c.fwd_flops + c.bwd_flops
+
+
+def _walk(t: SP, res: Resources, depth: int, balanced: bool, work: dict[int, float], cluster: ClusterSpec,
+          ranges: dict[int, Resources]) -> None:
+    match t:
+        case Leaf(node=i):
+            if res.count < cluster.num_devices:
+                ranges[i] = res
+        case Series(first=a, then=b):
+            _walk(a, res, depth, balanced, work, cluster, ranges)
+            _walk(b, res, depth, balanced, work, cluster, ranges)
+        case Parallel(left=a, right=b):
+            cut = _split(res, a, b, balanced, work, cluster) if depth > 0 else None
+            x, y = cut if cut is not None else (res, res)
+            _walk(a, x, depth - 1, balanced, work, cluster, ranges)
+            _walk(b, y, depth - 1, balanced, work, cluster, ranges)
+
+
+def _split(res: Resources, a: SP, b: SP, balanced: bool, work: dict[int, float],
+           cluster: ClusterSpec) -> tuple[Resources, Resources] | None:
+    """``res`` cut between the two sides (None: one device, nothing to cut)."""
+    if res.count < 2:
+        return None
+    if not balanced:
+        return splits(res, cluster)[0]
+    wa, wb = (sum(work[i] for i in s.nodes) for s in (a, b))
+    share = 0.5 if wa + wb <= 0 else wa / (wa + wb)
+    left = min(res.count - 1, max(1, round(res.count * share)))
+    return Resources(res.start, left), Resources(res.start + left, res.count - left)
+
+
+def sub_mesh(mesh: tuple[int, int], count: int) -> tuple[int, int]:
+    """The mesh of a group of ``count`` devices in a run on ``mesh``: its first axis as much
+    of the mesh's first axis as divides ``count``, so tensor parallelism stays inside it."""
+    g = math.gcd(mesh[0], count)
+    return g, count // g
+
+
+def group_ranges(plain: PCG, grouping: Grouping, solved: PCG) -> tuple[tuple[int, int] | None, ...] | None:
+    """Each node of ``solved`` (the solver's graph of ``plain`` under ``grouping``) as a
+    device range ``(start, count)``, or None for all devices. Compute operators keep their
+    grouping's range; a parallel op or a source takes the smallest range holding every
+    reader's, unless it has more pieces than that holds. None: the solved graph's compute
+    operators are not the plain graph's, in order."""
+    ranged = dict(grouping.ranges)
+    compute = [i for i, n in plain if not n.spec.is_source]
+    moved = [i for i, n in solved if not (n.spec.is_source or n.spec.is_parallel_op)]
+    if len(compute) != len(moved) or any(plain.nodes[a].op != solved.nodes[b].op
+                                         for a, b in zip(compute, moved, strict=True)):
+        return None
+    out: list[Resources | None] = [None] * len(solved)
+    for a, b in zip(compute, moved, strict=True):
+        out[b] = ranged.get(a)
+    readers: list[list[int]] = [[] for _ in range(len(solved))]
+    for i, n in solved:
+        for r in n.inputs:
+            readers[r.node].append(i)
+    for i in range(len(solved) - 1, -1, -1):
+        n = solved.nodes[i]
+        if n.spec.is_source or n.spec.is_parallel_op:
+            held = _hull(out[j] for j in readers[i])
+            out[i] = held if held is not None and n.outputs[0].pieces <= held.count else None
+    return tuple(None if r is None else (r.start, r.count) for r in out)
+
+
+def _hull(ranges: Iterable[Resources | None]) -> Resources | None:
+    """The smallest range holding all of ``ranges`` (None: one of them is all devices, or none given)."""
+    start, end = math.inf, -math.inf
+    for r in ranges:
+        if r is None:
+            return None
+        start, end = min(start, r.start), max(end, r.start + r.count)
+    return None if start == math.inf else Resources(int(start), int(end - start))
