@@ -60,8 +60,9 @@ def test_towers_on_their_own_ranks_train_like_the_model(tmp_path, ranks):
         assert seen.isdisjoint(g["devices"])
         seen.update(g["devices"])
     assert seen <= set(range(ranks))
-    placed = [name for g in groups for name in g["operators"] if name.startswith("tower")]
-    assert len(placed) == len(set(placed)) and len(placed) >= 8
+    towers = [{name.split(".")[0] for name in g["operators"] if name.startswith("tower")} for g in groups]
+    assert sum(1 for t in towers if t) >= 2
+    assert all(a.isdisjoint(b) for k, a in enumerate(towers) for b in towers[k + 1:])   # a tower in one group
     doc = run_json(plan, "--check", "--steps", "2", "--optimizer", "sgd", ranks=ranks)
     assert doc["check"]["passed"], doc["check"]
     assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"], doc["comm_bytes"]

@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cost.test_moves import assert_bytes_equal
 from onnx import TensorProto, helper, numpy_helper
 from search.test_solver import _model, branches, cluster, mlp
 
 from unity_cli.cost.model import CostConfig, estimate
+from unity_cli.ir.simplify import simplify
 from unity_cli.search.baselines import STRATEGIES, hybrid, hybrid_degrees
-from unity_cli.search.groups import group_ranges, groupings, sub_mesh
+from unity_cli.search.groups import group_ranges, groupings, rewritten_views, sub_mesh
 from unity_cli.search.mapping import Resources
 from unity_cli.search.solver import brute_force, build_problem, factorizations, realize, solve, solve_problem
 from unity_cli.search.views import default_views
+from unity_cli.substitutions.cache import load_cache
+from unity_cli.substitutions.match import apply_match, find_matches
 
 
-def towers(batch: int, width: int, count: int = 2, depth: int = 1, widths: tuple[int, ...] = ()):
-    """``count`` MLP towers of ``depth`` MatMuls on one input, concatenated, then a head."""
+def towers(batch: int, width: int, count: int = 2, depth: int = 1, widths: tuple[int, ...] = (), relu: bool = False):
+    """``count`` MLP towers of ``depth`` MatMuls (each with a Relu) on one input,
+    concatenated, then a head."""
     rng = np.random.default_rng(3)
     widths = widths or (width,) * count
     nodes, inits, outs = [], [], []
@@ -29,6 +34,9 @@ def towers(batch: int, width: int, count: int = 2, depth: int = 1, widths: tuple
                                                  f"w{t}_{k}"))
             nodes.append(helper.make_node("MatMul", [x, f"w{t}_{k}"], [f"h{t}_{k}"], name=f"tower{t}.{k}"))
             x = f"h{t}_{k}"
+            if relu:
+                nodes.append(helper.make_node("Relu", [x], [f"r{t}_{k}"], name=f"tower{t}.relu{k}"))
+                x = f"r{t}_{k}"
         outs.append(x)
     nodes.append(helper.make_node("Concat", outs, ["c"], axis=1, name="cat"))
     inits.append(numpy_helper.from_array(rng.standard_normal((sum(widths), 4)).astype(np.float32), "head"))
@@ -155,3 +163,40 @@ def test_weight_heavy_towers_run_on_their_own_devices(shape):
         g = hybrid(pcg, tp, dp).pcg
         others.append(estimate(g, default_views(g), c, CostConfig()).step_time)
     assert t < min(others)
+
+
+def _devices(pcg, views, i):
+    return set(views[i].devices(pcg.nodes[i].outputs[0]))
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (2, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_rewrite_of_a_grouped_plan_keeps_its_groups(shape):
+    """An activation fused into its product after the solver put the towers on their own
+    devices (as the search's polish and fuse_activations do): every operator the rewrite
+    kept stays on its devices, the fused one runs inside its tower's group, and the bytes
+    each device sends are still the bytes predicted. A plan on the default views gets the
+    default views."""
+    c = cluster(*shape)
+    pcg = towers(24 * c.num_devices // 2, 2048, count=4, depth=2, relu=True)
+    sol = solve(pcg, c, CostConfig())
+    assert sol.grouping is not None
+    (rule,) = [r for r in load_cache().rules if r.name == "matmul-relu-fused"]
+    matches = find_matches(sol.pcg, rule)
+    assert matches
+    for m in matches:
+        new = simplify(apply_match(sol.pcg, m, check=False))
+        views = rewritten_views(new, sol.pcg, sol.views, c.num_devices)
+        old = {n.name: _devices(sol.pcg, sol.views, i) for i, n in sol.pcg if n.name}
+        for i, n in new:
+            if n.spec.is_source or n.spec.is_parallel_op:
+                continue
+            if n.name:
+                assert _devices(new, views, i) == old[n.name], n.name
+            else:    # the fused product: in the group of the tower it belongs to
+                tower = {d for name, devs in old.items() if name.startswith(sol.pcg.nodes[m.root].name.split(".")[0])
+                         for d in devs}
+                assert _devices(new, views, i) <= tower
+        assert_bytes_equal(new, views, c.num_devices)
+    flat = solve(pcg, c, CostConfig(), grouped=False)
+    new = simplify(apply_match(flat.pcg, find_matches(flat.pcg, rule)[0], check=False))
+    assert rewritten_views(new, flat.pcg, flat.views, c.num_devices) == default_views(new)

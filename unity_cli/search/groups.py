@@ -20,13 +20,15 @@ graph (its parallel ops, and the weights they lay out, go where their readers ar
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..cluster.spec import ClusterSpec
+from ..ir.machine_view import MachineView
 from ..ir.pcg import PCG
 from .mapping import Resources, splits
 from .sp import SP, Leaf, Parallel, Series, decompose
+from .views import default_views
 
 DEPTHS = (1, 2, 3)
 """How deep the nested ``Parallel`` parts that split their devices may go: 1 splits each
@@ -124,15 +126,7 @@ def group_ranges(plain: PCG, grouping: Grouping, solved: PCG) -> tuple[tuple[int
     out: list[Resources | None] = [None] * len(solved)
     for a, b in zip(compute, moved, strict=True):
         out[b] = ranged.get(a)
-    readers: list[list[int]] = [[] for _ in range(len(solved))]
-    for i, n in solved:
-        for r in n.inputs:
-            readers[r.node].append(i)
-    for i in range(len(solved) - 1, -1, -1):
-        n = solved.nodes[i]
-        if n.spec.is_source or n.spec.is_parallel_op:
-            held = _hull(out[j] for j in readers[i])
-            out[i] = held if held is not None and n.outputs[0].pieces <= held.count else None
+    _place_movers(solved, out, _readers(solved))
     return tuple(None if r is None else (r.start, r.count) for r in out)
 
 
@@ -144,3 +138,95 @@ def _hull(ranges: Iterable[Resources | None]) -> Resources | None:
             return None
         start, end = min(start, r.start), max(end, r.start + r.count)
     return None if start == math.inf else Resources(int(start), int(end - start))
+
+
+def inherited_ranges(pcg: PCG, parent: PCG, views: Sequence[MachineView],
+                     devices: int) -> tuple[tuple[int, int] | None, ...] | None:
+    """Each node of ``pcg`` (``parent`` rewritten: an activation fused, a bias set apart)
+    as a device range, for a ``parent`` whose branches run on device groups (laid out by
+    ``views``). A compute operator the rewrite kept (by name) keeps its range; one it made
+    takes the smallest range holding the compute operators it reads, or, reading none,
+    those that read it; parallel ops and sources go where their readers are, as in
+    :func:`group_ranges`. None when every compute operator of ``parent`` is on every device
+    (then the default views are the layout), or when ``pcg`` has none of its branches."""
+    def compute(g: PCG, i: int) -> bool:
+        n = g.nodes[i]
+        return not (n.spec.is_source or n.spec.is_parallel_op)
+
+    def producers(i: int) -> list[int]:
+        return [r.node for r in pcg.nodes[i].inputs]
+
+    names: dict[str, Resources | None] = {}
+    for i, n in parent:
+        if compute(parent, i) and n.name:
+            names[n.name] = None if n.name in names else _range(views[i].devices(n.outputs[0]), devices)
+    if all(r is None for r in names.values()):
+        return None
+    out: list[Resources | None] = [None] * len(pcg)
+    open_: list[int] = []
+    for i, n in pcg:
+        if not compute(pcg, i):
+            continue
+        if n.name in names:
+            out[i] = names[n.name]
+            continue
+        feeds = _compute_near(pcg, producers(i), producers)
+        if feeds:
+            out[i] = _hull(out[p] for p in feeds)
+        else:
+            open_.append(i)
+    readers = _readers(pcg)
+    for i in reversed(open_):
+        users = _compute_near(pcg, readers[i], readers.__getitem__)
+        out[i] = _hull(out[u] for u in users) if users else None
+    if all(r is None for r in out):
+        return None
+    _place_movers(pcg, out, readers)
+    return tuple(None if r is None else (r.start, r.count) for r in out)
+
+
+def rewritten_views(pcg: PCG, parent: PCG, views: Sequence[MachineView], devices: int) -> tuple[MachineView, ...]:
+    """The views of ``pcg``, ``parent`` rewritten: the default views, with its branches on
+    the device groups ``parent``'s had where ``parent`` is not laid out by the default
+    views (:func:`inherited_ranges`)."""
+    if not views or tuple(views) == default_views(parent):
+        return default_views(pcg)
+    return default_views(pcg, inherited_ranges(pcg, parent, views, devices))
+
+
+def _range(devs: Sequence[int], devices: int) -> Resources | None:
+    """The contiguous range of ``devs`` (None: they span every device)."""
+    lo, hi = min(devs), max(devs)
+    return None if hi - lo + 1 >= devices else Resources(lo, hi - lo + 1)
+
+
+def _compute_near(g: PCG, first: Iterable[int], step) -> list[int]:
+    """The compute operators among ``first``, looking through parallel ops along ``step``
+    (a node's producers or its readers)."""
+    out, stack = [], list(first)
+    while stack:
+        j = stack.pop()
+        n = g.nodes[j]
+        if n.spec.is_parallel_op:
+            stack.extend(step(j))
+        elif not n.spec.is_source:
+            out.append(j)
+    return out
+
+
+def _readers(g: PCG) -> list[list[int]]:
+    readers: list[list[int]] = [[] for _ in range(len(g))]
+    for i, n in g:
+        for r in n.inputs:
+            readers[r.node].append(i)
+    return readers
+
+
+def _place_movers(g: PCG, out: list[Resources | None], readers: list[list[int]]) -> None:
+    """Parallel ops and sources take the smallest range holding every reader's, unless
+    they have more pieces than that holds (then all devices); in place."""
+    for i in range(len(g) - 1, -1, -1):
+        n = g.nodes[i]
+        if n.spec.is_source or n.spec.is_parallel_op:
+            held = _hull(out[j] for j in readers[i])
+            out[i] = held if held is not None and n.outputs[0].pieces <= held.count else None

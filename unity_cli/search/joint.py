@@ -26,6 +26,7 @@ from ..ir.simplify import simplify
 from ..substitutions.equivalence import search_rules
 from ..substitutions.match import RewriteError, apply_match, find_matches, free_params
 from ..substitutions.rule import Rule
+from .groups import rewritten_views
 from .views import default_views
 
 
@@ -110,8 +111,13 @@ class JointSearch:
         # The op kinds each source pattern needs: a rule whose kinds a graph lacks cannot match.
         self._kinds = [frozenset(n.kind for n in r.src.nodes) for r, _ in self._rules]
 
-    def cost(self, pcg: PCG) -> tuple[tuple[MachineView, ...], CostReport]:
-        views = self.placed.get(pcg.node_hashes) or default_views(pcg)
+    def cost(self, pcg: PCG, parent: Found | None = None) -> tuple[tuple[MachineView, ...], CostReport]:
+        """``pcg`` priced under the solver's views (``placed``), else under its ``parent``'s
+        device groups (``groups.rewritten_views``), else under the default views."""
+        views = self.placed.get(pcg.node_hashes)
+        if views is None:
+            views = default_views(pcg) if parent is None else \
+                rewritten_views(pcg, parent.pcg, parent.views, self.cluster.num_devices)
         return views, estimate(pcg, views, self.cluster, self.config)
 
     def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
@@ -146,7 +152,7 @@ class JointSearch:
                     continue
                 seen.add(h)
                 try:
-                    views, rep = self.cost(new.pcg)
+                    views, rep = self.cost(new.pcg, cur)
                 except OutOfTime:    # the run's ceiling (optimize --budget) passed while pricing
                     cut = True
                     break
@@ -236,7 +242,7 @@ class SolvedSearch(JointSearch):
 
     solve: Callable[..., PCG | None] | None = None
 
-    def cost(self, pcg: PCG) -> tuple[tuple[MachineView, ...], CostReport]:
+    def cost(self, pcg: PCG, parent: Found | None = None) -> tuple[tuple[MachineView, ...], CostReport]:
         solved = self.solve(pcg, grouped=False)
         return super().cost(pcg if solved is None else solved)
 
@@ -305,7 +311,7 @@ def _next_fusion(cur: Found, fusing: Sequence[tuple[Rule, str, bool]], cluster: 
             except RewriteError:
                 refused.add(at)
                 continue
-            views = default_views(new)
+            views = rewritten_views(new, cur.pcg, cur.views, cluster.num_devices)
             rep = estimate(new, views, cluster, config)
             priced += 1
             if not (rep.feasible and _faster(rep, cur.report)):
