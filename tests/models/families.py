@@ -44,6 +44,25 @@ def qkv(path: Path, width: int = 8) -> Path:
     return _model(path, nodes, [("x", d)], [("wq", (d, h)), ("wk", (d, h)), ("wv", (d, h)), ("wo", (h, 4))], 4)
 
 
+def ffn(path: Path, width: int = 8) -> Path:
+    """A transformer's feed-forward layer over a batch of 3-token sequences: a rank-3
+    MatMul, its bias and a ReLU, then the second MatMul, pooled over the tokens by a
+    third."""
+    d, h, seq = width, 2 * width, 3
+    nodes = [helper.make_node(MM, ["x", "w1"], ["p"]), helper.make_node("Add", ["p", "b1"], ["q"]),
+             helper.make_node("Relu", ["q"], ["r"]), helper.make_node(MM, ["r", "w2"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["t", "flat"], ["f"]), helper.make_node(MM, ["f", "wo"], ["y"])]
+    rng = np.random.default_rng(7)
+    tensors = [numpy_helper.from_array((rng.standard_normal(sh) * 0.4).astype(np.float32), n)
+               for n, sh in (("w1", (d, h)), ("b1", (h,)), ("w2", (h, d)), ("wo", (d * seq, 4)))]
+    tensors.append(numpy_helper.from_array(np.array([-1, d * seq], dtype=np.int64), "flat"))
+    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", seq, d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], tensors)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def linears(path: Path, width: int = 8) -> Path:
     """PyTorch-style nn.Linear (Gemm, transB, bias): two of one input, concatenated, into a third."""
     nodes = [helper.make_node(GEMM, ["x", "w1", "b1"], ["p"], transB=1),

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from models.families import bags, family_plans, linears, qkv, torch_mlp, towers
+from models.families import bags, family_plans, ffn, linears, qkv, torch_mlp, towers
 from onnx import numpy_helper
 from runtime.mpirun import SPECS, run_json
 
@@ -25,6 +25,8 @@ CASES = [  # model, family instance, ranks
     (torch_mlp, "gemm-trans-b-relu-fused", 3),
     (towers, "sibling-conv1x1-2", 2),
     (towers, "sibling-conv1x1-2", 3),
+    (ffn, "matmul-add-relu-fused-batched", 2),
+    (ffn, "matmul-add-relu-fused-batched", 3),
 ]
 
 

@@ -116,6 +116,18 @@ def _wrong_variants():
         "x", ("x", "W", "b"), unary("Tanh", add(matmul("x", "W"), "b")), gemm("x", "W", "b", trans_b=False),
         params=(), constraints=[Constraint("EQUAL", ("rank", "b"), 1)])
 
+    batched = [Constraint("EQUAL", ("rank", "x"), 3), Constraint("EQUAL", ("rank", "W"), 2),
+               Constraint("EQUAL", ("rank", "b"), 1)]
+    yield "batched fused gemm, the activation before the bias", make_rule(
+        "x", ("x", "W", "b"), add(unary("Gelu", matmul("x", "W")), "b"),
+        gemm("x", "W", "b", trans_b=False, activation="Gelu"), params=(), constraints=batched)
+    yield "batched fused gemm, another activation", make_rule(
+        "x", ("x", "W", "b"), unary("Gelu", add(matmul("x", "W"), "b")),
+        gemm("x", "W", "b", trans_b=False, activation="Tanh"), params=(), constraints=batched)
+    yield "batched fused gemm, the weight taken transposed", make_rule(
+        "x", ("x", "W", "b"), unary("Relu", add(matmul("x", "W"), "b")),
+        gemm("x", "W", "b", trans_b=True, activation="Relu"), params=(), constraints=batched)
+
 
 WRONG = list(_wrong_variants())
 
@@ -238,3 +250,44 @@ def test_sibling_gemms_and_concat_gemm_on_a_pytorch_style_graph(tmp_path):
 
 def import_model_proto_of(name: str):
     return import_model_proto(build_zoo(name, "small", batch_size=4).model).pcg
+
+
+def test_a_transformers_feed_forward_fuses_its_activation_at_rank_3():
+    """The zoo's BERT: each feed-forward layer is a rank-3 MatMul, its bias and a Gelu; the
+    batched rule makes each one fused Gemm, values kept. The rank-2 rule does not match it
+    (its proof was at rank 2), and the batched one matches no rank-2 product."""
+    pcg = import_model_proto_of("bert-large")
+    layers = sum(1 for _, n in pcg if n.kind == OpKind.Unary and n.op.fn == "Gelu")
+    assert layers >= 2
+    batched = next(r for r in FAMILY_RULES if r.name == "matmul-add-gelu-fused-batched")
+    _rewrites_preserve_values(pcg, batched, layers)
+    assert not find_matches(pcg, next(r for r in FAMILY_RULES if r.name == "matmul-add-gelu-fused"))
+    mlp = import_model(EXPORTED_DIR / "dlrm_tiny.onnx", ImportOptions(batch_size=4)).pcg
+    assert not any(find_matches(mlp, r) for r in FAMILY_RULES if r.name.endswith("-batched"))
+
+
+@pytest.mark.parametrize("fn", ["Relu", "Gelu", "Tanh", "Sigmoid"])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_a_batched_fused_gemm_computes_its_parts(fn, trans_b):
+    """Forward and backward of ``Gemm[fn](x, W, b)`` with ``x`` of rank 3 equal those of
+    ``fn(MatMul(x, W) + b)`` run as three kernels."""
+    from unity_cli.ir.ops.elementwise import BinaryAttrs, UnaryAttrs
+    from unity_cli.ir.ops.linear import GemmAttrs, MatMulAttrs
+    from unity_cli.kernels import backward, forward
+
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((3, 5, 4)), rng.standard_normal((6, 4) if trans_b else (4, 6)), rng.standard_normal(6)
+    g = rng.standard_normal((3, 5, 6))
+    fused = GemmAttrs(trans_b=trans_b, activation=fn)
+    (y,), ctx = forward(fused, [x, w, b], np)
+    wm = w.T if trans_b else w
+    (p,), c_mm = forward(MatMulAttrs(), [x, wm], np)
+    (q,), c_add = forward(BinaryAttrs("Add"), [p, b], np)
+    (want,), c_act = forward(UnaryAttrs(fn), [q], np)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    (gq,) = backward(UnaryAttrs(fn), c_act, [g], np)
+    gp, gb = backward(BinaryAttrs("Add"), c_add, [gq], np)
+    gx, gw = backward(MatMulAttrs(), c_mm, [gp], np)
+    got = backward(fused, ctx, [g], np)
+    for a, e in zip(got, [gx, gw.T if trans_b else gw, gb], strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)

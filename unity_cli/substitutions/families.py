@@ -101,6 +101,34 @@ def fused_activation_rules() -> list[Rule]:
     return out
 
 
+def batched_fused_activation_rules() -> list[Rule]:
+    """The same fusions of a rank-3 product (a layer applied to a batch of sequences, BERT's
+    and GPT's feed-forward layers): ``f(MatMul(x, W) + b)`` with ``x`` of rank 3 and a
+    weight matrix as one fused Gemm whose ``A`` is batched (its leading dims folded into
+    the rows in the kernel). Separate rules from the rank-2 ones, so that their ids stay."""
+    out = []
+    for fn in FUSED_ACTIVATIONS:
+        if fn == "Erf":
+            continue
+        name = fn.lower()
+        for trans_b in (False, True):
+            tag = "-trans-b" if trans_b else ""
+            w = "Wt" if trans_b else "W"
+            product = matmul("x", _weight(w, trans_b))
+            shown = "Transpose(Wt)" if trans_b else "W"
+            ranks = [Constraint("EQUAL", ("rank", "x"), 3), Constraint("EQUAL", ("rank", w), 2)]
+            out += [
+                make_rule(f"matmul{tag}-add-{name}-fused-batched", ("x", w, "b"), unary(fn, add(product, "b")),
+                          gemm("x", w, "b", trans_b=trans_b, activation=fn), params=(),
+                          constraints=ranks + [Constraint("EQUAL", ("rank", "b"), 1)],
+                          doc=f"{fn}(MatMul(x, {shown}) + b) = Gemm[{fn}](x, {w}, b), x of rank 3"),
+                make_rule(f"matmul{tag}-{name}-fused-batched", ("x", w), unary(fn, product),
+                          gemm("x", w, trans_b=trans_b, activation=fn), params=(), constraints=ranks,
+                          doc=f"{fn}(MatMul(x, {shown})) = Gemm[{fn}](x, {w}), x of rank 3"),
+            ]
+    return out
+
+
 def concat_linear(n: int) -> Rule:
     """``MatMul(Concat(a_1..a_n), W) = Σ MatMul(a_i, W_i)``, ``W_i`` the i-th of n equal
     row blocks of ``W``: a layer over a concatenation is a sum of layers over its parts
@@ -172,6 +200,7 @@ def family_rules() -> list[Rule]:
     out += [sibling_matmuls(n) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_gemms(n) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_convs(n, k, p) for k, p in SIBLING_CONVS for n in range(2, MAX_SIBLINGS + 1)]
+    out += batched_fused_activation_rules()
     return [_tagged(r) for r in out]
 
 

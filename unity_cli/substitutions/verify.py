@@ -263,7 +263,10 @@ def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensor
             dims = {0: (base[0], n) + (CONV_SPATIAL + max(kernel),) * len(kernel),
                     1: (n, n // groups) + tuple(kernel), 2: (n,)}[pos]
             return ParallelTensorShape.unpartitioned(TensorShape(dims))
-    return ParallelTensorShape.unpartitioned(TensorShape(base))
+    rank = next((c.rhs for c in rule.constraints if c.kind == "EQUAL" and c.lhs == ("rank", name)
+                 and isinstance(c.rhs, int) and c.rhs >= 1), len(base))
+    dims = (2,) * (rank - len(base)) + base[-rank:] if rank > len(base) else base[len(base) - rank:]
+    return ParallelTensorShape.unpartitioned(TensorShape(dims))   # of the rank a constraint asks
 
 
 def _constrained(layout: Layout, constraints: Sequence[Constraint]) -> Layout | None:

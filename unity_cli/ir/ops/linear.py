@@ -72,8 +72,8 @@ def product_grads(flops: float, a: TensorShape, b: TensorShape, out: TensorShape
 
 
 def _matmul_meaning(run, a, b):
-    need(a.ndim >= 2 and b.ndim >= 2 and a.shape[:-2] == b.shape[:-2] and a.shape[-1] == b.shape[-2],
-         f"matmul of shapes {a.shape} and {b.shape}")
+    need(a.ndim >= 2 and b.ndim >= 2 and (a.shape[:-2] == b.shape[:-2] or b.ndim == 2)
+         and a.shape[-1] == b.shape[-2], f"matmul of shapes {a.shape} and {b.shape}")
     return run(MatMulAttrs(), a, b)[0]
 
 
@@ -119,11 +119,16 @@ def matmul_backward(op, ctx, gs, xp, wanted):
 
 def gemm_forward(op, xs, xp):
     """``Y = f(alpha * A' @ B' + beta * C)`` with ``A'``, ``B'`` transposed as the flags
-    say and ``f`` the fused activation (none by default)."""
+    say and ``f`` the fused activation (none by default). A batched ``A`` (a fused piece
+    of a rank-3 product) is one 2-D GEMM with its leading dims folded into the rows."""
     a, b = xs[0], xs[1]
     a2 = a.T if op.trans_a else a
     b2 = b.T if op.trans_b else b
+    lead = a2.shape[:-1]
+    a2 = a2.reshape(-1, a2.shape[-1]) if a2.ndim > 2 else a2
     y = xp.matmul(a2, b2)
+    if len(lead) > 1:
+        y = y.reshape(lead + (b2.shape[-1],))
     if op.alpha != 1.0:
         y = y * op.alpha
     if len(xs) == 3:
@@ -133,18 +138,19 @@ def gemm_forward(op, xs, xp):
     if op.activation:   # the product is kept only where the activation's backward needs it
         z, y = y, UNARY[op.activation].forward(y, xp)
         z = None if UNARY[op.activation].from_output else z
-    return [y], (a2, b2, xs[2].shape if len(xs) == 3 else None, z, y)
+    return [y], (a2, b2, xs[2].shape if len(xs) == 3 else None, z, y, a.shape)
 
 
 def gemm_backward(op, ctx, gs, xp, wanted):
-    a2, b2, c_shape, z, y = ctx
+    a2, b2, c_shape, z, y, a_shape = ctx
     if op.activation:   # through the activation first, as its own kernel would
         gs = [UNARY[op.activation].backward(y if z is None else z, y, gs[0], xp)]
     g = gs[0] * op.alpha if op.alpha != 1.0 else gs[0]
+    g = g.reshape(-1, g.shape[-1]) if g.ndim > 2 else g      # a batched A's rows, folded as forward folded them
     # A transposed operand's gradient is computed in its own layout (C-contiguous), never
     # returned as a transposed view: adding a strided view into the weight's gradient cost
     # 25x a contiguous add (9 ms per 1024 x 1024).
-    ga = (xp.matmul(b2, g.T) if op.trans_a else xp.matmul(g, b2.T)) if wanted[0] else None
+    ga = (xp.matmul(b2, g.T) if op.trans_a else xp.matmul(g, b2.T).reshape(a_shape)) if wanted[0] else None
     gb = (xp.matmul(g.T, a2) if op.trans_b else xp.matmul(a2.T, g)) if wanted[1] else None
     out = [ga, gb]
     if c_shape is not None and wanted[2]:
@@ -206,9 +212,11 @@ class MatMul(OpSpec):
 
     def encode(self, s, attrs, x, ins, outs):
         a, b = ins
-        return [s.matmul(x[0], x[1])] if min(a.rank, b.rank) >= 2 and a.sizes[:-2] == b.sizes[:-2] else None
+        return [s.matmul(x[0], x[1])] if min(a.rank, b.rank) >= 2 and (a.sizes[:-2] == b.sizes[:-2] or b.rank == 2) \
+            else None
 
-    symbols = (Symbol("matmul", ("T", "T"), _matmul_meaning),)   # equal batch dims, no broadcasting
+    # equal batch dims, or a matrix on the right, shared by every batch index (a layer's weight)
+    symbols = (Symbol("matmul", ("T", "T"), _matmul_meaning),)
     axioms = (   # associative, bilinear, and how it meets concatenations
         Axiom("matmul-assoc", lambda s, v: Law(s.matmul(s.matmul(v.a, v.b), v.c),
                                                s.matmul(v.a, s.matmul(v.b, v.c)))),
@@ -255,34 +263,40 @@ class Gemm(OpSpec):
                           float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)))
         return Imported(attrs, tuple(range(len(node.inputs))))
 
-    def _mkn(self, attrs, inputs) -> tuple[int, int, int]:
+    def _mkn(self, attrs, inputs) -> tuple[tuple[int, ...], int, int]:
+        """(the output's dims but the last, K, N). ``A`` is 2-D as ONNX has it, or, in a
+        fused piece only (``activation`` set, never transposed), batched: a rank-3
+        product and its activation as one kernel call (BERT's feed-forward layer)."""
         a, b = inputs[0], inputs[1]
-        if a.rank != 2 or b.rank != 2:
+        batched = a.rank > 2 and bool(attrs.activation) and not attrs.trans_a
+        if (a.rank != 2 and not batched) or b.rank != 2:
             raise ShapeError(f"Gemm needs 2-D A and B, got {list(a.dims)} and {list(b.dims)}")
-        m, k = a.dims[::-1] if attrs.trans_a else a.dims
+        *rows, k = a.dims[::-1] if attrs.trans_a else a.dims
         k2, n = b.dims[::-1] if attrs.trans_b else b.dims
         if k != k2:
             raise ShapeError(f"Gemm: inner dims differ ({k} vs {k2})")
-        return m, k, n
+        return tuple(rows), k, n
 
     def infer(self, attrs, inputs):
         need_inputs(self.kind, inputs, 2, 3)
         if attrs.activation and attrs.activation not in FUSED_ACTIVATIONS:
             raise ShapeError(f"Gemm: cannot fuse activation {attrs.activation!r} (only {', '.join(FUSED_ACTIVATIONS)})")
-        m, _, n = self._mkn(attrs, inputs)
-        if len(inputs) == 3 and broadcast_dims("Gemm", [TensorShape((m, n)), inputs[2]]) != (m, n):
-            raise ShapeError(f"Gemm: C of shape {list(inputs[2].dims)} does not broadcast to {[m, n]}")
-        return (TensorShape((m, n), inputs[0].dtype),)
+        rows, _, n = self._mkn(attrs, inputs)
+        full = (*rows, n)
+        if len(inputs) == 3 and broadcast_dims("Gemm", [TensorShape(full), inputs[2]]) != full:
+            raise ShapeError(f"Gemm: C of shape {list(inputs[2].dims)} does not broadcast to {list(full)}")
+        return (TensorShape(full, inputs[0].dtype),)
 
     def roles(self, attrs, inputs):
-        ra: tuple[Role, ...] = (SUM, 0) if attrs.trans_a else (0, SUM)
-        rb: tuple[Role, ...] = (1, SUM) if attrs.trans_b else (SUM, 1)
+        rows, _, n = self._mkn(attrs, inputs)
+        r = len(rows) + 1
+        ra: tuple[Role, ...] = (SUM, 0) if attrs.trans_a else (*range(r - 1), SUM)
+        rb: tuple[Role, ...] = (r - 1, SUM) if attrs.trans_b else (SUM, r - 1)
         out = [ra, rb]
         if len(inputs) == 3:
             c = inputs[2]
-            m, _, n = self._mkn(attrs, inputs)
-            full = (m, n)
-            out.append(tuple(WHOLE if d == 1 and full[2 - c.rank + i] != 1 else 2 - c.rank + i
+            full = (*rows, n)
+            out.append(tuple(WHOLE if d == 1 and full[r - c.rank + i] != 1 else r - c.rank + i
                              for i, d in enumerate(c.dims)))
         return tuple(out)
 
