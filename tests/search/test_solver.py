@@ -427,3 +427,31 @@ def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, 
             differs += got[0] != _Pricer(cl, CostConfig()).priced(source, target, kind, grad)[0]
     assert checked >= 10
     assert differs >= 10 if profiled else differs == 0
+
+
+def test_a_rewrite_prices_only_what_it_touched():
+    """The outer search's incremental re-solve: solving a rewritten graph with the run's
+    shared tables (``Tables``) prices only the operator and edges the rewrite made, on each
+    mesh; everything else is looked up. The answer is the one a solve from empty tables
+    gives."""
+    from unity_cli.ir.simplify import simplify
+    from unity_cli.search.solver import Tables
+    from unity_cli.substitutions.cache import load_cache
+    from unity_cli.substitutions.match import apply_match, find_matches
+
+    c = cluster(1, 4, flops="13.7 TFLOP/s")     # priced by no other test: its shared tables start empty
+    pcg = mlp(16, [32, 40, 48, 56, 64, 72])
+    t = Tables(c, CostConfig())
+    t.nodes.clear(), t.edges.clear()
+    solve(pcg, c, CostConfig(), tables=t, grouped=False)
+    nodes, edges = len(t.nodes), len(t.edges)
+    rule = next(r for r in load_cache().rules if r.name == "matmul-relu-fused")
+    new = simplify(apply_match(pcg, find_matches(pcg, rule)[1]))
+    got = solve(new, c, CostConfig(), tables=t, grouped=False)
+    meshes = len(factorizations(c.num_devices))
+    assert len(t.nodes) - nodes == meshes                 # the fused operator, once per mesh
+    assert 0 < len(t.edges) - edges <= 2 * meshes        # the edges into and out of it
+    assert nodes >= 8 * meshes                            # (the first solve priced every layer)
+    t.nodes.clear(), t.edges.clear()
+    fresh = solve(new, c, CostConfig(), tables=t, grouped=False)
+    assert got.objective == fresh.objective and got.pcg.canonical_hash == fresh.pcg.canonical_hash
