@@ -121,8 +121,9 @@ def placement(plan: Plan) -> list[dict]:
     return [{"devices": sorted(d), "operators": by_devices[d]} for d in sorted(sets, key=lambda d: (min(d), len(d)))]
 
 
-def placement_text(group: Mapping, shown: int = 4) -> str:
-    """``devices 0-1: tower0.0, tower0.1`` (runs of devices as ranges; at most ``shown`` names)."""
+def placement_text(group: Mapping, shown: int = 3, width: int = 40) -> str:
+    """``devices 0-1: tower0.0, tower0.1`` (runs of devices as ranges; at most ``shown``
+    names, each cut to its last ``width`` characters)."""
     runs: list[list[int]] = []
     for d in group["devices"]:
         if runs and runs[-1][1] == d - 1:
@@ -130,7 +131,7 @@ def placement_text(group: Mapping, shown: int = 4) -> str:
         else:
             runs.append([d, d])
     where = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-    names = group["operators"]
+    names = [n if len(n) <= width else "…" + n[1 - width:] for n in group["operators"]]
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return f"device{'s' * (len(group['devices']) > 1)} {where}: {', '.join(names[:shown])}{more}"
 
