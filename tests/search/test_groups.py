@@ -199,4 +199,25 @@ def test_a_rewrite_of_a_grouped_plan_keeps_its_groups(shape):
         assert_bytes_equal(new, views, c.num_devices)
     flat = solve(pcg, c, CostConfig(), grouped=False)
     new = simplify(apply_match(flat.pcg, find_matches(flat.pcg, rule)[0], check=False))
-    assert rewritten_views(new, flat.pcg, flat.views, c.num_devices) == default_views(new)
+    assert rewritten_views(new, flat.pcg, flat.views, c.num_devices) is None      # the default views, then
+
+
+def test_the_search_keeps_its_best_on_the_default_views_apart():
+    """Beside its best, the joint search keeps the fastest candidate it priced under the
+    default views (optimize lays that one out by the machine-mapping DP too, which can
+    split a parallel region's devices as well): a grouped start is priced under the
+    solver's views and never becomes it."""
+    from unity_cli.search.joint import JointSearch
+
+    c = cluster(1, 4)
+    pcg = towers(48, 2048, count=4, depth=2, relu=True)
+    sol = solve(pcg, c, CostConfig())
+    assert sol.grouping is not None
+    flat = solve(pcg, c, CostConfig(), grouped=False)
+    rules = [r for r in load_cache().rules if r.is_fusion]
+    search = JointSearch(c, CostConfig(), rules, max_candidates=12, placed={sol.pcg.node_hashes: sol.views})
+    best = search.run([("grouped", sol.pcg, ()), ("flat", flat.pcg, ())])
+    alt = search.best_default
+    assert best.views != default_views(best.pcg) and best.report.step_time <= sol.step_time
+    assert alt is not None and alt.views == default_views(alt.pcg)
+    assert alt.report.step_time <= estimate(flat.pcg, default_views(flat.pcg), c, CostConfig()).step_time

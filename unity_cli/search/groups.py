@@ -185,13 +185,16 @@ def inherited_ranges(pcg: PCG, parent: PCG, views: Sequence[MachineView],
     return tuple(None if r is None else (r.start, r.count) for r in out)
 
 
-def rewritten_views(pcg: PCG, parent: PCG, views: Sequence[MachineView], devices: int) -> tuple[MachineView, ...]:
-    """The views of ``pcg``, ``parent`` rewritten: the default views, with its branches on
-    the device groups ``parent``'s had where ``parent`` is not laid out by the default
-    views (:func:`inherited_ranges`)."""
+def rewritten_views(pcg: PCG, parent: PCG, views: Sequence[MachineView],
+                    devices: int) -> tuple[MachineView, ...] | None:
+    """The views of ``pcg``, ``parent`` rewritten: the default views with its branches on
+    the device groups ``parent``'s had (:func:`inherited_ranges`); None where ``parent``
+    is laid out by the default views, or none of its groups carry over (then the default
+    views are ``pcg``'s)."""
     if not views or tuple(views) == default_views(parent):
-        return default_views(pcg)
-    return default_views(pcg, inherited_ranges(pcg, parent, views, devices))
+        return None
+    ranges = inherited_ranges(pcg, parent, views, devices)
+    return None if ranges is None else default_views(pcg, ranges)
 
 
 def _range(devs: Sequence[int], devices: int) -> Resources | None:

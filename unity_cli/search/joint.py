@@ -98,7 +98,11 @@ class JointSearch:
     """Views of graphs not laid out by the default views: the inner solver's with branches on
     disjoint device groups (``groups.py``), by the graph's node hashes."""
     stats: SearchStats = field(default_factory=SearchStats)
+    best_default: Found | None = field(default=None, init=False)
+    """The fastest candidate priced under the default views: where the best is laid out by
+    the solver's device groups, the machine-mapping DP may still make this one faster."""
     _improved_at: int = field(default=0, init=False, repr=False)   # candidates costed at the last improvement
+    _on_default: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.degrees:
@@ -113,12 +117,19 @@ class JointSearch:
 
     def cost(self, pcg: PCG, parent: Found | None = None) -> tuple[tuple[MachineView, ...], CostReport]:
         """``pcg`` priced under the solver's views (``placed``), else under its ``parent``'s
-        device groups (``groups.rewritten_views``), else under the default views."""
+        device groups (``groups.rewritten_views``), else under the default views (then
+        ``_on_default`` is set)."""
         views = self.placed.get(pcg.node_hashes)
+        if views is None and parent is not None:
+            views = rewritten_views(pcg, parent.pcg, parent.views, self.cluster.num_devices)
+        self._on_default = views is None
         if views is None:
-            views = default_views(pcg) if parent is None else \
-                rewritten_views(pcg, parent.pcg, parent.views, self.cluster.num_devices)
+            views = default_views(pcg)
         return views, estimate(pcg, views, self.cluster, self.config)
+
+    def _found(self, f: Found) -> None:
+        if self._on_default:
+            self.best_default = _better(self.best_default, f)
 
     def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
         """The best graph found from ``starts`` (name, graph, the rewrites that made it)."""
@@ -136,6 +147,7 @@ class JointSearch:
             views, rep = self.cost(g)
             f = Found(g, views, rep, name, path)
             self.stats.candidates += 1
+            self._found(f)
             best = _better(best, f)
             heapq.heappush(heap, (_key(rep), g.unordered_hash, f))
         assert best is not None
@@ -159,6 +171,7 @@ class JointSearch:
                 self.stats.candidates += 1
                 path = new.path[:-1] + (replace(new.path[-1], bought=saved(cur.report, rep)),)
                 f = Found(new.pcg, views, rep, cur.start, path)
+                self._found(f)
                 if _faster(rep, best.report):
                     self._improved_at = self.stats.candidates
                 best = _better(best, f)
@@ -311,7 +324,7 @@ def _next_fusion(cur: Found, fusing: Sequence[tuple[Rule, str, bool]], cluster: 
             except RewriteError:
                 refused.add(at)
                 continue
-            views = rewritten_views(new, cur.pcg, cur.views, cluster.num_devices)
+            views = rewritten_views(new, cur.pcg, cur.views, cluster.num_devices) or default_views(new)
             rep = estimate(new, views, cluster, config)
             priced += 1
             if not (rep.feasible and _faster(rep, cur.report)):

@@ -302,6 +302,15 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     found = search.run(starts)
     found, priced = fuse_activations(found, cluster, config, rules)
     search.stats.candidates += priced
+    alt = search.best_default
+    if alt is not None and alt.pcg.node_hashes != found.pcg.node_hashes:
+        # The best is laid out by the solver's device groups; the best on the default views
+        # may still come out faster once the machine-mapping DP lays it out (its parallel
+        # regions can split their devices too), as ``_search`` lays out the best.
+        ours, theirs = (ev(Baseline(Strategy.UNITY, f.pcg, devices_used(f.pcg, f.views), ""), (f.views, f.report))
+                        for f in (found, alt))
+        if _better(theirs.report, ours.report):
+            found = Found(alt.pcg, theirs.views, theirs.report, alt.start, alt.path)
     return found, stats + search.stats
 
 
