@@ -221,3 +221,21 @@ def test_the_search_keeps_its_best_on_the_default_views_apart():
     assert best.views != default_views(best.pcg) and best.report.step_time <= sol.step_time
     assert alt is not None and alt.views == default_views(alt.pcg)
     assert alt.report.step_time <= estimate(flat.pcg, default_views(flat.pcg), c, CostConfig()).step_time
+
+
+def test_every_strategy_counts_the_devices_it_uses(tiny_models):
+    """The devices column (``Baseline.devices``) counts the devices a plan puts pieces on,
+    after the machine-mapping DP has laid it out, not the highest device index reached:
+    BERT-tiny at batch 6 on 30 devices of 6 per node puts its branches on a few of them."""
+    from unity_cli.ir.machine_view import devices_used
+    from unity_cli.onnx_import import ImportOptions, import_model
+    from unity_cli.search.optimize import optimize
+
+    pcg = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(6)).pcg
+    res = optimize(pcg, cluster(5, 6), CostConfig(), "best", load_cache().rules, max_candidates=40)
+    spread = 0
+    for cand in res.candidates.values():
+        used = {d for i, n in cand.baseline.pcg for d in cand.views[i].devices(n.outputs[0])}
+        assert cand.baseline.devices == len(used) == devices_used(cand.baseline.pcg, cand.views)
+        spread += max(used) + 1 > len(used)
+    assert spread      # some plan leaves devices between its groups idle (where max + 1 overcounted)

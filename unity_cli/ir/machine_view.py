@@ -76,8 +76,9 @@ def packed_view(shape: ParallelTensorShape, inner_to_outer: Sequence[int], start
 
 
 def devices_used(pcg, views) -> int:
-    """How many devices (counting up from device 0) a mapped PCG reaches."""
-    return max((d for i, n in pcg for d in views[i].devices(n.outputs[0])), default=0) + 1
+    """How many devices a mapped PCG puts pieces on (at least 1; a plan whose branches run on
+    device groups of their own may leave devices between them idle)."""
+    return len({d for i, n in pcg for d in views[i].devices(n.outputs[0])}) or 1
 
 
 def check_view(view: MachineView, shape: ParallelTensorShape, num_devices: int) -> str | None:

@@ -107,8 +107,8 @@ def evaluate(baseline: Baseline, cluster: ClusterSpec, config: CostConfig,
         mapped, _ = cache[key]
         if mapped:
             report = estimate(baseline.pcg, mapped[1], cluster, config)
-            if _better(report, best.report):
-                best = Candidate(baseline, mapped[1], report)
+            if _better(report, best.report):   # (the devices it reaches are the mapping's)
+                best = Candidate(replace(baseline, devices=devices_used(baseline.pcg, mapped[1])), mapped[1], report)
     except OutOfTime:
         cache.setdefault(key, (None, True))
     return best
