@@ -85,3 +85,19 @@ def test_a_grouped_plan_is_the_same_bytes_across_hash_seeds(tmp_path):
         assert "branches side by side" in r.stdout
         plans.append(out.read_bytes())
     assert plans[0] == plans[1]
+
+
+def test_the_report_lists_the_groups(tmp_path):
+    """`unity report` of a grouped plan lists its device groups; of a data-parallel plan, none."""
+    model = towers_model(tmp_path / "towers.onnx", batch=8)
+    for strategy, grouped in (("best", True), ("data_parallel", False)):
+        plan, html = tmp_path / f"{strategy}.json", tmp_path / f"{strategy}.html"
+        r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(SPECS / "local-cpu.yaml"), "--out",
+                                     str(plan), "--strategy", strategy, "--max-candidates", "20"])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(cli, ["report", str(plan), "-o", str(html)])
+        assert r.exit_code == 0, r.output
+        text = html.read_text()
+        assert ("<dt>branches</dt>" in text) == grouped
+        if grouped:
+            assert "device 0: tower" in text and "device 1: tower" in text
