@@ -15,7 +15,8 @@ solver solves each grouping with every operator's options on its own range's dev
 the step simulation decides whether it beats the plan on all devices, so a grouping is
 kept only where it is faster. :func:`group_ranges` carries a grouping over to the solved
 graph (its parallel ops, and the weights they lay out, go where their readers are), and
-``views.default_views`` packs each node's pieces into its range.
+``views.default_views`` packs each node's pieces into its range. A rewrite of a plan laid
+out so (an activation fused after the search) keeps its groups: :func:`rewritten_views`.
 """
 from __future__ import annotations
 
