@@ -14,6 +14,7 @@ from ..plan.config import plan_config
 from ..plan.plan import Plan
 from ..runtime.phases import predicted_phases_ms
 from ..search.baselines import Strategy
+from .markup import clip, devices_label
 from .operators import OperatorRow, heaviest_table, node_label, operator_rows
 
 
@@ -122,18 +123,10 @@ def placement(plan: Plan) -> list[dict]:
 
 
 def placement_text(group: Mapping, shown: int = 3, width: int = 40) -> str:
-    """``devices 0-1: tower0.0, tower0.1`` (runs of devices as ranges; at most ``shown``
-    names, each cut to its last ``width`` characters)."""
-    runs: list[list[int]] = []
-    for d in group["devices"]:
-        if runs and runs[-1][1] == d - 1:
-            runs[-1][1] = d
-        else:
-            runs.append([d, d])
-    where = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-    names = [n if len(n) <= width else "…" + n[1 - width:] for n in group["operators"]]
+    """``devices 0–1: tower0.0, tower0.1`` (at most ``shown`` names, each clipped to ``width``)."""
+    names = [clip(n, width) for n in group["operators"]]
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return f"device{'s' * (len(group['devices']) > 1)} {where}: {', '.join(names[:shown])}{more}"
+    return f"{devices_label(group['devices'])}: {', '.join(names[:shown])}{more}"
 
 
 def sync_text(sync: Mapping[str, int]) -> str:

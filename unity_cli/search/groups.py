@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..cluster.spec import ClusterSpec
 from ..ir.machine_view import MachineView
-from ..ir.pcg import PCG
+from ..ir.pcg import PCG, Node
 from .mapping import Resources, splits
 from .sp import SP, Leaf, Parallel, Series, decompose
 from .views import default_views
@@ -120,14 +120,14 @@ def group_ranges(plain: PCG, grouping: Grouping, solved: PCG) -> tuple[tuple[int
     operators are not the plain graph's, in order."""
     ranged = dict(grouping.ranges)
     compute = [i for i, n in plain if not n.spec.is_source]
-    moved = [i for i, n in solved if not (n.spec.is_source or n.spec.is_parallel_op)]
+    moved = [i for i, n in solved if _computes(n)]
     if len(compute) != len(moved) or any(plain.nodes[a].op != solved.nodes[b].op
                                          for a, b in zip(compute, moved, strict=True)):
         return None
     out: list[Resources | None] = [None] * len(solved)
     for a, b in zip(compute, moved, strict=True):
         out[b] = ranged.get(a)
-    _place_movers(solved, out, _readers(solved))
+    _place_movers(solved, out)
     return tuple(None if r is None else (r.start, r.count) for r in out)
 
 
@@ -150,23 +150,19 @@ def inherited_ranges(pcg: PCG, parent: PCG, views: Sequence[MachineView],
     those that read it; parallel ops and sources go where their readers are, as in
     :func:`group_ranges`. None when every compute operator of ``parent`` is on every device
     (then the default views are the layout), or when ``pcg`` has none of its branches."""
-    def compute(g: PCG, i: int) -> bool:
-        n = g.nodes[i]
-        return not (n.spec.is_source or n.spec.is_parallel_op)
-
     def producers(i: int) -> list[int]:
         return [r.node for r in pcg.nodes[i].inputs]
 
     names: dict[str, Resources | None] = {}
     for i, n in parent:
-        if compute(parent, i) and n.name:
+        if _computes(n) and n.name:
             names[n.name] = None if n.name in names else _range(views[i].devices(n.outputs[0]), devices)
     if all(r is None for r in names.values()):
         return None
     out: list[Resources | None] = [None] * len(pcg)
     open_: list[int] = []
     for i, n in pcg:
-        if not compute(pcg, i):
+        if not _computes(n):
             continue
         if n.name in names:
             out[i] = names[n.name]
@@ -176,23 +172,25 @@ def inherited_ranges(pcg: PCG, parent: PCG, views: Sequence[MachineView],
             out[i] = _hull(out[p] for p in feeds)
         else:
             open_.append(i)
-    readers = _readers(pcg)
     for i in reversed(open_):
-        users = _compute_near(pcg, readers[i], readers.__getitem__)
+        users = _compute_near(pcg, _readers(pcg, i), lambda j: _readers(pcg, j))
         out[i] = _hull(out[u] for u in users) if users else None
     if all(r is None for r in out):
         return None
-    _place_movers(pcg, out, readers)
+    _place_movers(pcg, out)
     return tuple(None if r is None else (r.start, r.count) for r in out)
 
 
-def rewritten_views(pcg: PCG, parent: PCG, views: Sequence[MachineView],
-                    devices: int) -> tuple[MachineView, ...] | None:
+def rewritten_views(pcg: PCG, parent: PCG, views: Sequence[MachineView], devices: int,
+                    on_default: bool | None = None) -> tuple[MachineView, ...] | None:
     """The views of ``pcg``, ``parent`` rewritten: the default views with its branches on
     the device groups ``parent``'s had (:func:`inherited_ranges`); None where ``parent``
     is laid out by the default views, or none of its groups carry over (then the default
-    views are ``pcg``'s)."""
-    if not views or tuple(views) == default_views(parent):
+    views are ``pcg``'s). ``on_default``: whether ``views`` are ``parent``'s default views,
+    when the caller knows (a search prices many rewrites of one parent)."""
+    if on_default is None:
+        on_default = tuple(views) == default_views(parent)
+    if not views or on_default:
         return None
     ranges = inherited_ranges(pcg, parent, views, devices)
     return None if ranges is None else default_views(pcg, ranges)
@@ -213,24 +211,24 @@ def _compute_near(g: PCG, first: Iterable[int], step) -> list[int]:
         n = g.nodes[j]
         if n.spec.is_parallel_op:
             stack.extend(step(j))
-        elif not n.spec.is_source:
+        elif _computes(n):
             out.append(j)
     return out
 
 
-def _readers(g: PCG) -> list[list[int]]:
-    readers: list[list[int]] = [[] for _ in range(len(g))]
-    for i, n in g:
-        for r in n.inputs:
-            readers[r.node].append(i)
-    return readers
+def _computes(n: Node) -> bool:
+    """Whether ``n`` is a compute operator (not a source, not a parallel op)."""
+    return not (n.spec.is_source or n.spec.is_parallel_op)
 
 
-def _place_movers(g: PCG, out: list[Resources | None], readers: list[list[int]]) -> None:
+def _readers(g: PCG, i: int) -> list[int]:
+    return [u for u, _ in g.consumers[i]]
+
+
+def _place_movers(g: PCG, out: list[Resources | None]) -> None:
     """Parallel ops and sources take the smallest range holding every reader's, unless
     they have more pieces than that holds (then all devices); in place."""
     for i in range(len(g) - 1, -1, -1):
-        n = g.nodes[i]
-        if n.spec.is_source or n.spec.is_parallel_op:
-            held = _hull(out[j] for j in readers[i])
-            out[i] = held if held is not None and n.outputs[0].pieces <= held.count else None
+        if not _computes(g.nodes[i]):
+            held = _hull(out[j] for j in _readers(g, i))
+            out[i] = held if held is not None and g.nodes[i].outputs[0].pieces <= held.count else None

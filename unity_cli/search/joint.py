@@ -58,6 +58,7 @@ class Found:
     report: CostReport
     start: str                     # which start graph it descends from
     path: tuple[Applied, ...] = ()
+    on_default: bool = True        # laid out by the default views (not the solver's device groups)
 
 
 @dataclass
@@ -121,14 +122,14 @@ class JointSearch:
         ``_on_default`` is set)."""
         views = self.placed.get(pcg.node_hashes)
         if views is None and parent is not None:
-            views = rewritten_views(pcg, parent.pcg, parent.views, self.cluster.num_devices)
+            views = rewritten_views(pcg, parent.pcg, parent.views, self.cluster.num_devices, parent.on_default)
         self._on_default = views is None
         if views is None:
             views = default_views(pcg)
         return views, estimate(pcg, views, self.cluster, self.config)
 
     def _found(self, f: Found) -> None:
-        if self._on_default:
+        if f.on_default:
             self.best_default = _better(self.best_default, f)
 
     def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
@@ -145,7 +146,7 @@ class JointSearch:
                 continue
             seen.add(g.unordered_hash)
             views, rep = self.cost(g)
-            f = Found(g, views, rep, name, path)
+            f = Found(g, views, rep, name, path, self._on_default)
             self.stats.candidates += 1
             self._found(f)
             best = _better(best, f)
@@ -170,7 +171,7 @@ class JointSearch:
                     break
                 self.stats.candidates += 1
                 path = new.path[:-1] + (replace(new.path[-1], bought=saved(cur.report, rep)),)
-                f = Found(new.pcg, views, rep, cur.start, path)
+                f = Found(new.pcg, views, rep, cur.start, path, self._on_default)
                 self._found(f)
                 if _faster(rep, best.report):
                     self._improved_at = self.stats.candidates
@@ -268,7 +269,7 @@ class SolvedSearch(JointSearch):
         if solved is None:
             return found
         views, rep = JointSearch.cost(self, solved)
-        return Found(solved, views, rep, found.start, found.path)
+        return Found(solved, views, rep, found.start, found.path, self._on_default)
 
 
 def fusing_rules(rules: Sequence[Rule]) -> list[tuple[Rule, str, bool]]:
@@ -324,7 +325,8 @@ def _next_fusion(cur: Found, fusing: Sequence[tuple[Rule, str, bool]], cluster: 
             except RewriteError:
                 refused.add(at)
                 continue
-            views = rewritten_views(new, cur.pcg, cur.views, cluster.num_devices) or default_views(new)
+            inherited = rewritten_views(new, cur.pcg, cur.views, cluster.num_devices, cur.on_default)
+            views = inherited or default_views(new)
             rep = estimate(new, views, cluster, config)
             priced += 1
             if not (rep.feasible and _faster(rep, cur.report)):
@@ -332,5 +334,5 @@ def _next_fusion(cur: Found, fusing: Sequence[tuple[Rule, str, bool]], cluster: 
                 continue
             node = cur.pcg.nodes[m.root]
             step = Applied(rid, rule.name, reverse, node.name or node.kind, (), saved(cur.report, rep))
-            return Found(new, views, rep, cur.start, cur.path + (step,)), priced
+            return Found(new, views, rep, cur.start, cur.path + (step,), inherited is None), priced
     return None, priced

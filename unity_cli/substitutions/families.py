@@ -68,6 +68,33 @@ def gemm_rules() -> list[Rule]:
     return out
 
 
+def _fusable() -> list[tuple[str, str]]:
+    """(activation, its name in rule names) for each activation a Gemm can fuse; Erf is only
+    ever applied to a scaled copy of a product (Gelu written out), so it never matches."""
+    return [(fn, fn.lower()) for fn in FUSED_ACTIVATIONS if fn != "Erf"]
+
+
+def _layouts(trans_b: bool) -> tuple[str, str, Arg, str]:
+    """(name tag, weight input, the product ``x @ W``, how a doc shows the weight)."""
+    w = "Wt" if trans_b else "W"
+    return ("-trans-b" if trans_b else ""), w, matmul("x", _weight(w, trans_b)), ("Transpose(Wt)" if trans_b else "W")
+
+
+def _matmul_fusions(fn: str, name: str, trans_b: bool, x_rank: int) -> tuple[Rule, Rule]:
+    """``f(MatMul(x, W) + b)`` and ``f(MatMul(x, W))`` = a fused Gemm, ``x`` of ``x_rank``
+    (3: the Gemm's ``A`` is batched, a rule of its own with its own name)."""
+    tag, w, product, shown = _layouts(trans_b)
+    suffix, said = ("", "") if x_rank == 2 else ("-batched", f", x of rank {x_rank}")
+    ranks = [Constraint("EQUAL", ("rank", "x"), x_rank), Constraint("EQUAL", ("rank", w), 2)]
+    return (make_rule(f"matmul{tag}-add-{name}-fused{suffix}", ("x", w, "b"), unary(fn, add(product, "b")),
+                      gemm("x", w, "b", trans_b=trans_b, activation=fn), params=(),
+                      constraints=ranks + [Constraint("EQUAL", ("rank", "b"), 1)],
+                      doc=f"{fn}(MatMul(x, {shown}) + b) = Gemm[{fn}](x, {w}, b){said}"),
+            make_rule(f"matmul{tag}-{name}-fused{suffix}", ("x", w), unary(fn, product),
+                      gemm("x", w, trans_b=trans_b, activation=fn), params=(), constraints=ranks,
+                      doc=f"{fn}(MatMul(x, {shown})) = Gemm[{fn}](x, {w}){said}"))
+
+
 def fused_activation_rules() -> list[Rule]:
     """``f(Gemm(x, W, b))`` and ``f(MatMul(x, W) + b)`` as one Gemm that applies ``f``
     itself, for each activation a Gemm can fuse (``FUSED_ACTIVATIONS``), both weight
@@ -75,28 +102,19 @@ def fused_activation_rules() -> list[Rule]:
     The reverse frees the product to be split along its contracted dim again (an
     activation of partial sums is not one of their sum, so a fused Gemm is never split so)."""
     out = []
-    for fn in FUSED_ACTIVATIONS:
-        if fn == "Erf":   # only ever applied to a scaled copy of a product (Gelu written out): never matches
-            continue
-        name = fn.lower()
+    for fn, name in _fusable():
         for trans_b in (False, True):
-            tag = "-trans-b" if trans_b else ""
-            w = "Wt" if trans_b else "W"
-            fused = gemm("x", w, "b", trans_b=trans_b, activation=fn)
-            bare = gemm("x", w, trans_b=trans_b, activation=fn)
-            product = matmul("x", _weight(w, trans_b))
-            shown = "Transpose(Wt)" if trans_b else "W"
-            ranks = [Constraint("EQUAL", ("rank", "x"), 2), Constraint("EQUAL", ("rank", w), 2)]
+            tag, w, _, _ = _layouts(trans_b)
+            with_bias, bare = _matmul_fusions(fn, name, trans_b, 2)
             out += [
                 make_rule(f"gemm{tag}-{name}-fused", ("x", w, "b"), unary(fn, gemm("x", w, "b", trans_b=trans_b)),
-                          fused, params=(), doc=f"{fn}(Gemm(x, {w}, b)) = Gemm[{fn}](x, {w}, b): one kernel call"),
-                make_rule(f"matmul{tag}-add-{name}-fused", ("x", w, "b"), unary(fn, add(product, "b")), fused,
-                          params=(), constraints=ranks + [Constraint("EQUAL", ("rank", "b"), 1)],
-                          doc=f"{fn}(MatMul(x, {shown}) + b) = Gemm[{fn}](x, {w}, b)"),
-                make_rule(f"gemm{tag}-nobias-{name}-fused", ("x", w), unary(fn, gemm("x", w, trans_b=trans_b)), bare,
-                          params=(), doc=f"{fn}(Gemm(x, {w})) = Gemm[{fn}](x, {w})"),
-                make_rule(f"matmul{tag}-{name}-fused", ("x", w), unary(fn, product), bare, params=(),
-                          constraints=ranks, doc=f"{fn}(MatMul(x, {shown})) = Gemm[{fn}](x, {w})"),
+                          gemm("x", w, "b", trans_b=trans_b, activation=fn), params=(),
+                          doc=f"{fn}(Gemm(x, {w}, b)) = Gemm[{fn}](x, {w}, b): one kernel call"),
+                with_bias,
+                make_rule(f"gemm{tag}-nobias-{name}-fused", ("x", w), unary(fn, gemm("x", w, trans_b=trans_b)),
+                          gemm("x", w, trans_b=trans_b, activation=fn), params=(),
+                          doc=f"{fn}(Gemm(x, {w})) = Gemm[{fn}](x, {w})"),
+                bare,
             ]
     return out
 
@@ -106,27 +124,8 @@ def batched_fused_activation_rules() -> list[Rule]:
     and GPT's feed-forward layers): ``f(MatMul(x, W) + b)`` with ``x`` of rank 3 and a
     weight matrix as one fused Gemm whose ``A`` is batched (its leading dims folded into
     the rows in the kernel). Separate rules from the rank-2 ones, so that their ids stay."""
-    out = []
-    for fn in FUSED_ACTIVATIONS:
-        if fn == "Erf":
-            continue
-        name = fn.lower()
-        for trans_b in (False, True):
-            tag = "-trans-b" if trans_b else ""
-            w = "Wt" if trans_b else "W"
-            product = matmul("x", _weight(w, trans_b))
-            shown = "Transpose(Wt)" if trans_b else "W"
-            ranks = [Constraint("EQUAL", ("rank", "x"), 3), Constraint("EQUAL", ("rank", w), 2)]
-            out += [
-                make_rule(f"matmul{tag}-add-{name}-fused-batched", ("x", w, "b"), unary(fn, add(product, "b")),
-                          gemm("x", w, "b", trans_b=trans_b, activation=fn), params=(),
-                          constraints=ranks + [Constraint("EQUAL", ("rank", "b"), 1)],
-                          doc=f"{fn}(MatMul(x, {shown}) + b) = Gemm[{fn}](x, {w}, b), x of rank 3"),
-                make_rule(f"matmul{tag}-{name}-fused-batched", ("x", w), unary(fn, product),
-                          gemm("x", w, trans_b=trans_b, activation=fn), params=(), constraints=ranks,
-                          doc=f"{fn}(MatMul(x, {shown})) = Gemm[{fn}](x, {w}), x of rank 3"),
-            ]
-    return out
+    return [r for fn, name in _fusable() for trans_b in (False, True)
+            for r in _matmul_fusions(fn, name, trans_b, 3)]
 
 
 def concat_linear(n: int) -> Rule:
