@@ -9,7 +9,7 @@ last column says whether the profiled prediction and the measurement agree: both
 both a loss, or both within the noise (5 %: runs of one plan differ by about that much).
 
     python benchmarks/rewrites.py [--rounds 5] [--steps 10] [--width 256] [--batch 256]
-                                  [--out benchmarks/results/rewrites.md]
+                                  [--only RULE ...] [--out benchmarks/results/rewrites.md]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from models.families import bags, family_plans, ffn, linears, qkv, torch_mlp, towers  # noqa: E402
+from models.families import bags, embeddings, family_plans, ffn, linears, qkv, torch_mlp, towers  # noqa: E402
 
 from unity_cli.cost.model import CostConfig, Optimizer, estimate  # noqa: E402
 from unity_cli.cost.profile import load_profile  # noqa: E402
@@ -36,7 +36,7 @@ BIN = Path(sys.executable).parent
 THREADS = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 CASES = [(qkv, "sibling-matmul-3"), (linears, "sibling-gemm-2"), (linears, "concat-gemm-2"),
          (linears, "gemm-trans-b-as-matmul-add"), (bags, "concat-linear-3"), (torch_mlp, "gemm-trans-b-relu-fused"),
-         (towers, "sibling-conv1x1-2"), (ffn, "matmul-add-relu-fused-batched")]
+         (towers, "sibling-conv1x1-2"), (ffn, "matmul-add-relu-fused-batched"), (embeddings, "embedding-merge-3")]
 NOISE = 0.05
 
 
@@ -64,14 +64,19 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--only", nargs="+", metavar="RULE", help="measure only these family instances")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "rewrites.md"))
     args = ap.parse_args()
+    cases = [c for c in CASES if not args.only or c[1] in args.only]
+    if not cases:
+        ap.error(f"--only {' '.join(args.only)}: no such family instance here (the rows: "
+                 f"{', '.join(rule for _, rule in CASES)})")
     spec = REPO / "cluster_specs" / "local-cpu.yaml"
     sgd = CostConfig(optimizer=Optimizer.SGD)   # as the runs train
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         pairs = [(make, rule, *family_plans(Path(tmp), make, rule, spec, 2, args.batch, args.width, sgd))
-                 for make, rule in CASES]
+                 for make, rule in cases]
         plans = list(dict.fromkeys(p for _, _, a, b in pairs for p in (a, b)))
         times: dict[Path, list[float]] = {p: [] for p in plans}
         load = os.getloadavg()[0]

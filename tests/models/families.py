@@ -82,6 +82,29 @@ def bags(path: Path, width: int = 8) -> Path:
     return _model(path, nodes, [(f"x{i}", width) for i in range(3)], [("w", (3 * width, 4))], 4)
 
 
+TABLE_ROWS = (4, 3, 2)
+"""Rows of the ``embeddings`` model's tables, per unit of ``width``: unequal, as real
+recommendation models' are."""
+
+
+def embeddings(path: Path, width: int = 8) -> Path:
+    """DLRM's sparse side: three lookups from tables of unequal rows, each by its own ids,
+    concatenated with a dense feature and classified."""
+    rng = np.random.default_rng(5)
+    tables = [(f"t{k}", (r * width, width)) for k, r in enumerate(TABLE_ROWS)]
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), n)
+             for n, s in tables + [("wo", ((len(tables) + 1) * width, 4))]]
+    nodes = [helper.make_node("Gather", [t, f"ids{k}"], [f"e{k}"], axis=0) for k, (t, _) in enumerate(tables)]
+    nodes += [helper.make_node("Concat", ["x"] + [f"e{k}" for k in range(len(tables))], ["c"], axis=1),
+              helper.make_node("Relu", ["c"], ["r"]), helper.make_node(MM, ["r", "wo"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])]
+    inputs += [helper.make_tensor_value_info(f"ids{k}", TensorProto.INT64, ["batch"]) for k in range(len(tables))]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    g = helper.make_graph(nodes, path.stem, inputs, [out], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def towers(path: Path, width: int = 8) -> Path:
     """Two 1x1 convolutions of one image (an Inception module's reductions), each with its
     activation, added, pooled and classified."""
@@ -103,10 +126,10 @@ def towers(path: Path, width: int = 8) -> Path:
 
 
 def family_plans(root: Path, make, rule_name: str, spec: Path, ranks: int, batch: int = 12,
-                 width: int = 8, config: CostConfig = CostConfig()) -> tuple[Path, Path]:
-    """Two data-parallel plans over ``ranks`` devices of the model ``make`` writes: as it is,
-    and rewritten by the family rule at its first match (``spec``: a cluster spec whose
-    ``devices:`` count is replaced)."""
+                 width: int = 8, config: CostConfig = CostConfig(), baseline=data_parallel) -> tuple[Path, Path]:
+    """Two plans over ``ranks`` devices of the model ``make`` writes, laid out by ``baseline``
+    (data parallel by default): as it is, and rewritten by the family rule at its first
+    match (``spec``: a cluster spec whose ``devices:`` count is replaced)."""
     model = make(root / f"{make.__name__}-{width}.onnx", width)
     imported = import_model(model, ImportOptions(batch_size=batch))
     rule = next(r for r in FAMILY_RULES if r.name == rule_name)
@@ -119,7 +142,7 @@ def family_plans(root: Path, make, rule_name: str, spec: Path, ranks: int, batch
     out = []
     for tag, pcg, rewrites in (("as-is", imported.pcg, ()),
                                (rule_name, simplify(apply_match(imported.pcg, matches[0])), (rewrite,))):
-        base = data_parallel(pcg, cluster)
+        base = baseline(pcg, cluster)
         views = default_views(base.pcg)
         plan = plan_of(imported, cluster, config, "unity", base.pcg, views,
                        estimate(base.pcg, views, cluster, config), rewrites)

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from models.families import bags, family_plans, ffn, linears, qkv, torch_mlp, towers
+from models.families import bags, embeddings, family_plans, ffn, linears, qkv, torch_mlp, towers
 from onnx import numpy_helper
 from runtime.mpirun import SPECS, run_json
 
@@ -27,6 +27,8 @@ CASES = [  # model, family instance, ranks
     (towers, "sibling-conv1x1-2", 3),
     (ffn, "matmul-add-relu-fused-batched", 2),
     (ffn, "matmul-add-relu-fused-batched", 3),
+    (embeddings, "embedding-merge-3", 2),
+    (embeddings, "embedding-merge-2", 3),
 ]
 
 
@@ -37,6 +39,25 @@ def test_a_rewritten_plan_trains_like_the_model(tmp_path, make, rule_name, ranks
     assert doc["check"]["passed"], doc["check"]
     got = doc["comm_bytes"]
     assert got["measured"] == got["predicted"], got
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_merged_tables_split_by_rows_train_like_the_model(tmp_path, ranks):
+    """Three tables of unequal rows merged into one, the merged table split by rows over the
+    ranks (each rank looks up the ids in its rows, the partial sums reduced): `--check`
+    passes, and the bytes sent are those predicted."""
+    from unity_cli.search.baselines import tensor_parallel
+    _, plan = family_plans(tmp_path, embeddings, "embedding-merge-3", SPECS / "local-cpu.yaml", ranks,
+                           baseline=tensor_parallel)
+    doc = json.loads(plan.read_text())
+    (merged,) = [n for n in doc["pcg"]["nodes"] if n["op"]["kind"] == "GroupedGather"]
+    (table,) = [n for n in doc["pcg"]["nodes"] if n["op"].get("parts")]
+    assert [p[0] for p in table["op"]["parts"]] == ["t0", "t1", "t2"]
+    assert any(n["op"]["kind"] == "Repartition" and n["inputs"][0][0] == doc["pcg"]["nodes"].index(table)
+               for n in doc["pcg"]["nodes"]), "the merged table is not split"
+    run = run_json(plan, "--check", "--steps", "2", ranks=ranks)
+    assert run["check"]["passed"], run["check"]
+    assert run["comm_bytes"]["measured"] == run["comm_bytes"]["predicted"], run["comm_bytes"]
 
 
 def test_fused_weights_are_stored_fused_and_saved_as_the_models(tmp_path):

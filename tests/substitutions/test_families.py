@@ -18,6 +18,7 @@ from unity_cli.substitutions.families import (
     MAX_ARITY,
     concat_gemm,
     concat_linear,
+    embedding_merge,
     gemm,
     sibling_convs,
     sibling_gemms,
@@ -28,9 +29,11 @@ from unity_cli.substitutions.parallel_rules import (
     add,
     concat,
     conv,
+    gather,
     make_rule,
     matmul,
     op,
+    output,
     relu,
     split,
     transpose,
@@ -128,6 +131,20 @@ def _wrong_variants():
         "x", ("x", "W", "b"), unary("Relu", add(matmul("x", "W"), "b")),
         gemm("x", "W", "b", trans_b=True, activation="Relu"), params=(), constraints=batched)
 
+    tables = [Constraint("EQUAL", ("rank", t), 2) for t in ("T1", "T2")]
+
+    def merged(order, ids, rows, axis=-2):
+        e = op(OpKind.GroupedGather, concat(*order, axis=axis), *ids, n_outputs=2,
+               rows=tuple(("dim", t, -2) for t in rows))
+        return make_rule("x", ("T1", "T2", "ids1", "ids2"), [gather("T1", "ids1", -2), gather("T2", "ids2", -2)],
+                         [output(e, 0), output(e, 1)], params=(), constraints=tables)
+    yield "embedding merge, ids swapped", merged(("T1", "T2"), ("ids2", "ids1"), ("T1", "T2"))
+    yield "embedding merge, tables of unequal rows offset in the wrong order", \
+        merged(("T1", "T2"), ("ids1", "ids2"), ("T2", "T1"))
+    yield "embedding merge, tables concatenated in the wrong order", \
+        merged(("T2", "T1"), ("ids1", "ids2"), ("T2", "T1"))
+    yield "embedding merge, tables concatenated by columns", merged(("T1", "T2"), ("ids1", "ids2"), ("T1", "T2"), -1)
+
 
 WRONG = list(_wrong_variants())
 
@@ -139,11 +156,13 @@ def test_known_wrong_variants_are_rejected(what, rule):
     assert v.reason.startswith(("counterexample", "does not type-check", "layouts differ", "z3: sat")), v.reason
 
 
-def test_a_wrong_variant_that_only_z3_can_see_is_rejected(monkeypatch):
+@pytest.mark.parametrize("what", ["concat-linear, blocks in the wrong order", "embedding merge, ids swapped",
+                                  "embedding merge, tables of unequal rows offset in the wrong order"])
+def test_a_wrong_variant_that_only_z3_can_see_is_rejected(monkeypatch, what):
     """With the numeric check skipped, the proof alone rejects a wrong rule (z3 is not a
     rubber stamp behind the numbers)."""
     monkeypatch.setattr("unity_cli.substitutions.verify.check_numbers", lambda rule, instances: True)
-    _, rule = WRONG[0]
+    rule = dict(WRONG)[what]
     v = verify_rule(rule, timeout_ms=5000)
     assert not v.accepted and v.reason.startswith("z3: "), v.reason
 
@@ -162,10 +181,10 @@ def _feed(pcg, seed=0):
 
 
 def _rewrites_preserve_values(pcg, rule, expect):
-    """``expect`` distinct groups of nodes match (a multi-output rule matches each group once
-    per member it can be rooted at, in that member's order); each rewrite keeps the values."""
+    """``expect`` groups of nodes match, each once (a multi-output rule's group is one match
+    from whichever member it is found); each rewrite keeps the values."""
     matches = find_matches(pcg, rule)
-    assert len({frozenset(m.nodes) for m in matches}) == expect, (rule.name, len(matches))
+    assert len({frozenset(m.nodes) for m in matches}) == len(matches) == expect, (rule.name, len(matches))
     feed = _feed(pcg)
     want = evaluate(pcg, feed)
     for m in matches:
@@ -195,9 +214,11 @@ def test_a_layer_over_embedding_bags_splits_over_them():
 
 def test_inception_fuses_its_equal_1x1_reductions():
     """Inception-v3's modules reduce one input with several 1x1 convolutions; those of equal
-    width fuse into one (a 48-wide one beside two 64-wide ones stays apart)."""
+    width fuse into one (a 48-wide one beside two 64-wide ones stays apart). Three modules
+    have such a pair; in Mixed_6b the first 1x1 conv of its input is of another width, and
+    the match backs out of it to find the pair (7x7's and 7x7dbl's reductions)."""
     pcg = import_model_proto_of("inception-v3")
-    _rewrites_preserve_values(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0)), 2)
+    _rewrites_preserve_values(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0)), 3)
     assert not find_matches(pcg, sibling_convs(3, (1, 1), (0, 0, 0, 0)))
     assert not find_matches(pcg, sibling_convs(2, (3, 3), (1, 1, 1, 1)))   # its 3x3s read different inputs
 
@@ -291,3 +312,63 @@ def test_a_batched_fused_gemm_computes_its_parts(fn, trans_b):
     got = backward(fused, ctx, [g], np)
     for a, e in zip(got, [gx, gw.T if trans_b else gw, gb], strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)
+
+
+def test_embedding_lookups_merge_into_one_table():
+    """DLRM's export: its 3 tables' lookups are one match of the 3-way rule (not one per
+    table), 3 pairs of the 2-way one, none of the 4-way one, and the interaction's Gather
+    (along a row) never matches; each rewrite keeps the values, ids out of range included."""
+    pcg = import_model(EXPORTED_DIR / "dlrm_tiny.onnx", ImportOptions(batch_size=4)).pcg
+    _rewrites_preserve_values(pcg, embedding_merge(3), 1)
+    _rewrites_preserve_values(pcg, embedding_merge(2), 3)
+    assert not find_matches(pcg, embedding_merge(4))
+    # the zoo's DLRM has tables of 50, 40 and 30 rows: they merge all the same
+    _rewrites_preserve_values(import_model_proto_of("dlrm"), embedding_merge(3), 1)
+
+
+def test_lookups_by_ids_of_other_shapes_do_not_merge(tiny_models):
+    """BERT's word and token-type ids are [batch, seq]; its position ids are [1, seq]: only
+    the first two merge."""
+    pcg = import_model(tiny_models / "bert_tiny.onnx", ImportOptions(batch_size=4)).pcg
+    (m,) = find_matches(pcg, embedding_merge(2))
+    assert sorted(pcg.nodes[i].name.split("/")[-2] for i in m.nodes) == ["token_type_embeddings", "word_embeddings"]
+    assert not find_matches(pcg, embedding_merge(3))
+
+
+def test_a_grouped_gather_computes_its_parts():
+    """Forward and backward of one GroupedGather equal those of a Gather per table, with
+    ids negative (counted from their own table's end) and out of range (zeros, no
+    gradient); pieces of the merged table split by rows (``base``) add up to the whole."""
+    import dataclasses
+
+    from unity_cli.ir.ops.gather_reduce import GatherAttrs, GroupedGatherAttrs
+    from unity_cli.kernels import backward, forward
+
+    rng = np.random.default_rng(2)
+    rows = (4, 6, 2)
+    tables = [rng.standard_normal((r, 3)) for r in rows]
+    ids = [np.array([[0, -1], [3, 9]]), np.array([[5, -6], [-7, 6]]), np.array([[1, -2], [2, 0]])]
+    grads = [rng.standard_normal((2, 2, 3)) for _ in rows]
+    op_ = GroupedGatherAttrs(rows)
+    whole = np.concatenate(tables)
+    outs, ctx = forward(op_, [whole, *ids], np)
+    (g_whole,) = backward(op_, ctx, grads, np)[:1]
+    offset = 0
+    for t, i, g, y in zip(tables, ids, grads, outs, strict=True):
+        (want,), c = forward(GatherAttrs(0), [t, i], np)
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_allclose(g_whole[offset:offset + len(t)], backward(GatherAttrs(0), c, [g], np)[0])
+        offset += len(t)
+    pieces = [forward(dataclasses.replace(op_, base=k * 3), [whole[k * 3:(k + 1) * 3], *ids], np) for k in range(4)]
+    for j, y in enumerate(outs):
+        np.testing.assert_allclose(sum(p[0][j] for p in pieces), y)
+    np.testing.assert_allclose(np.concatenate([backward(dataclasses.replace(op_, base=k * 3), p[1], grads, np)[0]
+                                               for k, p in enumerate(pieces)]), g_whole)
+
+
+def test_a_multi_output_match_is_found_once_from_any_member(tmp_path):
+    """Q, K and V: the 2-way sibling rule finds each pair once (3 pairs), backing out of a
+    pair it found before to reach the third."""
+    from models.families import qkv
+    pcg = import_model(qkv(tmp_path / "qkv.onnx"), ImportOptions(batch_size=4)).pcg
+    _rewrites_preserve_values(pcg, sibling_matmuls(2), 3)

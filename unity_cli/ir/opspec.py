@@ -55,6 +55,7 @@ class OpKind(StrEnum):
     Gather = "Gather"
     GatherElements = "GatherElements"
     GatherND = "GatherND"
+    GroupedGather = "GroupedGather"
     Gemm = "Gemm"
     GlobalPool = "GlobalPool"
     Hardmax = "Hardmax"

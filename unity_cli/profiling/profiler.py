@@ -42,7 +42,7 @@ from ..cost.profile import FORMAT, Profile, piece_key
 from ..errors import ProfileError, UnityError, UsageError
 from ..ir.dtypes import DType
 from ..ir.ops.elementwise import BinaryAttrs, UnaryAttrs
-from ..ir.ops.gather_reduce import GatherAttrs, GatherNDAttrs
+from ..ir.ops.gather_reduce import GatherAttrs, GatherNDAttrs, GroupedGatherAttrs
 from ..ir.ops.norm import BatchNormAttrs
 from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG, TensorRef
@@ -335,7 +335,7 @@ def _positive_inputs(op: Any) -> frozenset[int]:
 
 def make_inputs(piece: Piece, xp: Any, rng: np.random.Generator) -> list[Any]:
     """Random inputs a real step would feed the piece: normal floats (uniform in [0.5, 1.5)
-    where the op needs positive values), valid indices for Gather/GatherND, small
+    where the op needs positive values), valid indices for Gather/GatherND/GroupedGather, small
     positive integers otherwise, random booleans."""
     positive = _positive_inputs(piece.op)
     out = []
@@ -347,6 +347,8 @@ def make_inputs(piece: Piece, xp: Any, rng: np.random.Generator) -> list[Any]:
             a = rng.random(s.dims) < 0.5
         elif k == 1 and isinstance(piece.op, GatherAttrs):
             a = rng.integers(0, max(1, piece.inputs[0].dims[piece.op.axis]), s.dims)
+        elif k >= 1 and isinstance(piece.op, GroupedGatherAttrs):
+            a = rng.integers(0, piece.op.rows[k - 1], s.dims)
         elif k == 1 and isinstance(piece.op, GatherNDAttrs):
             data = piece.inputs[0].dims[piece.op.batch_dims:]
             a = np.stack([rng.integers(0, max(1, data[j]), s.dims[:-1]) for j in range(s.dims[-1])], axis=-1) \

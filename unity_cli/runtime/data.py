@@ -34,7 +34,8 @@ class Batch:
 
 
 def gather_tables(pcg: PCG) -> dict[str, int]:
-    """Graph inputs used as Gather indices -> the rows of the smallest table they index."""
+    """Graph inputs used as Gather (or GroupedGather) indices -> the rows of the smallest
+    table they index."""
     out: dict[str, int] = {}
     for i, n in pcg:
         if n.kind != OpKind.Input:
@@ -46,8 +47,9 @@ def gather_tables(pcg: PCG) -> dict[str, int]:
                 user = pcg.nodes[u]
                 if user.spec.is_parallel_op or user.kind == OpKind.Cast:
                     todo.append(u)
-                elif user.kind == OpKind.Gather and pos == 1:
-                    rows = pcg.shape(user.inputs[0]).sizes[user.op.axis]
+                elif user.kind == OpKind.Gather and pos == 1 or user.kind == OpKind.GroupedGather and pos:
+                    rows = user.op.rows[pos - 1] if user.kind == OpKind.GroupedGather else \
+                        pcg.shape(user.inputs[0]).sizes[user.op.axis]
                     out[n.name] = min(out.get(n.name, rows), rows)
     return out
 

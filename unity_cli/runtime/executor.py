@@ -8,6 +8,7 @@ step sends and receives is worked out once, when the executor is built, from the
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -523,6 +524,9 @@ def plan_step(p: Program, me: int, k: int, step: Step) -> _Mine:
         m.wanted = tuple(r in p.has_grad for r in node.inputs)
         if node.kind == OpKind.Gather and m.task is not None:
             m.gather = _gather_shift(p, step.node, m.task)
+        elif node.kind == OpKind.GroupedGather and m.task is not None:
+            shift = _gather_shift(p, step.node, m.task)   # the kernel offsets the ids itself
+            m.attrs = dataclasses.replace(m.attrs, base=shift[0]) if shift else m.attrs
     m.remote = frozenset(ri for ri, *_ in m.recv)
     m.free = [ref for ref, last in p.last_read.items()
               if last == k and ref != p.output and p.layout[ref.node] is None]
@@ -533,7 +537,7 @@ def _gather_shift(p: Program, i: int, t: Task) -> tuple[int, int, int] | None:
     """A table split along the gathered axis: this piece holds rows offset..offset+rows."""
     n = p.pcg.nodes[i]
     table = p.pcg.shape(n.inputs[0])
-    axis = n.op.axis
+    axis = getattr(n.op, "axis", 0)   # a GroupedGather's tables are stacked by rows
     if table.degrees[axis] == 1:
         return None
     rows = table.piece.dims[axis]

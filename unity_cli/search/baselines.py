@@ -8,10 +8,10 @@
   its devices), data parallelism of degree ``dp`` across the groups. A Linear/MatMul/
   Gemm/Conv whose input is whole is split by output columns (channels); the next one,
   whose input then arrives split along its contracted dim, by rows, ending in a
-  Reduction; embedding tables (Gather on axis 0 of a weight) are split by rows. Where a
-  width does not divide ``tp`` another legal split is tried (rows instead of columns, or
-  a smaller divisor of ``tp``); an op that cannot split at all stays replicated in its
-  group, and the description says which.
+  Reduction; embedding tables (Gather on axis 0 of a weight, or a GroupedGather's) are
+  split by rows. Where a width does not divide ``tp`` another legal split is tried (rows
+  instead of columns, or a smaller divisor of ``tp``); an op that cannot split at all
+  stays replicated in its group, and the description says which.
 * ``tensor_parallel``: the hybrid with ``tp`` = the devices of the smallest node and
   ``dp`` across nodes.
 
@@ -31,7 +31,7 @@ from ..cost.model import layout_sources
 from ..deadline import check
 from ..errors import ShapeError, UsageError
 from ..ir.ops.conv import ConvAttrs
-from ..ir.ops.gather_reduce import GatherAttrs
+from ..ir.ops.gather_reduce import GatherAttrs, GroupedGatherAttrs
 from ..ir.ops.linear import GemmAttrs, MatMulAttrs
 from ..ir.ops.parallel import RepartitionAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
@@ -191,7 +191,7 @@ def weighted_splits(g: PCG) -> list[tuple[str, int]]:
     for _, n in g:
         if isinstance(n.op, MatMulAttrs | GemmAttrs | ConvAttrs):
             slots = list(range(min(2, len(n.inputs))))
-        elif isinstance(n.op, GatherAttrs) and n.op.axis == 0:
+        elif _looks_up(n.op):
             slots = [0]
         else:
             continue
@@ -262,7 +262,7 @@ def _weighted_split(node: Node, shapes: Sequence[ParallelTensorShape], weights: 
                 out.append((_with(base, col[-1], d), 1))
             out.append((base, d))
         return out
-    if isinstance(node.op, GatherAttrs) and weights[0] and node.op.axis == 0:
+    if _looks_up(node.op) and weights[0]:
         col = [r for r in roles[0] if r not in (SUM, WHOLE)]
         out = []
         for d in degrees:  # rows (the vocabulary), else the embedding dim
@@ -271,6 +271,11 @@ def _weighted_split(node: Node, shapes: Sequence[ParallelTensorShape], weights: 
                 out.append((_with(follow, col[-1], d), 1))
         return out
     return []
+
+
+def _looks_up(op) -> bool:
+    """An embedding lookup: rows of a table (Gather on axis 0, or several tables' at once)."""
+    return isinstance(op, GatherAttrs) and op.axis == 0 or isinstance(op, GroupedGatherAttrs)
 
 
 def _with(degrees: tuple[int, ...], dim: int, d: int) -> tuple[int, ...]:

@@ -2,8 +2,10 @@
 
 Pattern attributes count axes from the end, describe a transpose by the permutation of
 the trailing dims it moves, a split by its number of equal parts, and a Combine of
-replicas by ``dim = "copy"``; parallel degrees may be parameters. ``to_pattern`` and
-``from_pattern`` are inverses for every attribute a rule can carry.
+replicas by ``dim = "copy"``; parallel degrees may be parameters. A tuple attribute may
+name the sizes of rule inputs' dims (``(("dim", input, axis), ...)``: the rows of each
+table a ``GroupedGather`` merges), bound where the rule is applied (:func:`bind_dims`).
+``to_pattern`` and ``from_pattern`` are inverses for every attribute a rule can carry.
 """
 from __future__ import annotations
 
@@ -73,6 +75,9 @@ def from_pattern(node: PatternNode, inputs: Sequence[ParallelTensorShape], bindi
     pat = dict(node.attrs)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(spec.attrs_type):
+        if _sized_by_dims(pat.get(f.name)):
+            kwargs[f.name] = tuple(binding[dim_key(t, a)] for _, t, a in pat[f.name])
+            continue
         if f.name == "sizes" and node.kind == OpKind.Split and "parts" in pat:
             parts = _value(pat["parts"], binding)
             axis = _value(pat["axis"], binding) + rank
@@ -117,6 +122,32 @@ def _retyped(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def dim_key(tensor: str, axis: int) -> str:
+    """The binding's name for the size of a rule input's dim (``("dim", tensor, axis)``)."""
+    return f"dim:{tensor}:{axis}"
+
+
+def _sized_by_dims(v: Any) -> bool:
+    return isinstance(v, tuple) and bool(v) and all(isinstance(x, tuple) and x[:1] == ("dim",) for x in v)
+
+
+def sized_by_dims(rule: Any) -> tuple[tuple[str, int], ...]:
+    """The rule-input dims (``(input, axis)``) whose sizes an attribute of the rule's
+    target or source names (none for most rules)."""
+    return tuple(sorted({(t, a) for p in (rule.src, rule.dst) for n in p.nodes for _, v in n.attrs
+                         if _sized_by_dims(v) for _, t, a in v}))
+
+
+def bind_dims(pattern: Pattern, binding: Mapping[str, int],
+              shape_of: typing.Callable[[str], ParallelTensorShape]) -> Mapping[str, int]:
+    """``binding`` with the size of every rule-input dim the pattern's attributes name,
+    read from ``shape_of(input)``."""
+    named = {(t, a) for n in pattern.nodes for _, v in n.attrs if _sized_by_dims(v) for _, t, a in v}
+    if not named:
+        return binding
+    return {**binding, **{dim_key(t, a): shape_of(t).sizes[a] for t, a in named}}
+
+
 def _value(v: AttrValue, binding: Mapping[str, int]) -> Any:
     if isinstance(v, Param):
         if v.name not in binding:
@@ -156,6 +187,7 @@ def instantiate(pattern: Pattern, b: GraphBuilder, inputs: Mapping[str, TensorRe
                 binding: Mapping[str, int]) -> list[TensorRef]:
     """Add a pattern's nodes to ``b`` over the given input tensors; returns its outputs."""
     env = dict(inputs)
+    binding = bind_dims(pattern, binding, lambda t: b.shape(env[t]))
     for n in pattern.nodes:
         refs = [env[t] for t in n.inputs]
         attrs = from_pattern(n, [b.shape(r) for r in refs], binding)

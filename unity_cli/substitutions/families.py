@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..ir.ops.linear import FUSED_ACTIVATIONS
 from ..ir.opspec import OpKind
-from .parallel_rules import Arg, Expr, add, concat, conv, make_rule, matmul, op, split, transpose, unary
+from .parallel_rules import Arg, Expr, add, concat, conv, gather, make_rule, matmul, op, output, split, transpose, unary
 from .rule import Constraint, Rule
 
 MAX_ARITY = 8
@@ -191,6 +191,22 @@ def sibling_convs(n: int, kernel: tuple[int, ...], pads: tuple[int, ...]) -> Rul
                          f"Split(Conv{tag}(x, Concat(W1..W{n}, out-channels)), channels, {n})")
 
 
+def embedding_merge(n: int) -> Rule:
+    """n lookups from n tables are one lookup from the tables concatenated by rows, each
+    table's ids offset by the rows before it (FBGEMM's table-batched embeddings): one kernel
+    call and one weight where there were n. The tables may differ in rows (the op names
+    each table's, bound where the rule applies); the ids must have one shape."""
+    t = [f"T{i}" for i in range(1, n + 1)]
+    ids = [f"ids{i}" for i in range(1, n + 1)]
+    merged = op(OpKind.GroupedGather, concat(*t, axis=-2), *ids, n_outputs=n, rows=tuple(("dim", x, -2) for x in t))
+    same_ids = [Constraint("EQUAL", ("shape", x), ("shape", ids[0])) for x in ids[1:]]
+    return make_rule(f"embedding-merge-{n}", (*t, *ids), [gather(x, i, axis=-2) for x, i in zip(t, ids)],
+                     [output(merged, k) for k in range(n)], params=(),
+                     constraints=[Constraint("EQUAL", ("rank", x), 2) for x in t] + same_ids,
+                     doc=f"Gather(T1, ids1), ..., Gather(T{n}, ids{n}) = "
+                         f"GroupedGather(Concat(T1..T{n}, rows), ids1..ids{n}): ids_k offset by the rows before T_k")
+
+
 def family_rules() -> list[Rule]:
     """Every instance of every family, in a fixed order."""
     out = gemm_rules() + fused_activation_rules()
@@ -200,6 +216,7 @@ def family_rules() -> list[Rule]:
     out += [sibling_gemms(n) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_convs(n, k, p) for k, p in SIBLING_CONVS for n in range(2, MAX_SIBLINGS + 1)]
     out += batched_fused_activation_rules()
+    out += [embedding_merge(n) for n in range(2, MAX_ARITY + 1)]
     return [_tagged(r) for r in out]
 
 

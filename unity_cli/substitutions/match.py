@@ -2,8 +2,11 @@
 
 Matching anchors the pattern's first output at each node of the right kind and walks the
 pattern's inputs backwards; each pattern edge pins down the PCG node behind it, so the
-walk needs no search except for pattern parts not reachable from that output. A failed
-match returns the reason (a debugging aid: ``unity`` can say why a rule does not apply).
+walk needs no search except for pattern parts not reachable from that output (a
+multi-output rule's other outputs), which a bounded backtracking search fills, pruned by
+the rule's constraints as their tensors are matched. The same operators matched from
+another of their outputs are one match, not several. A failed match returns the reason
+(a debugging aid: ``unity`` can say why a rule does not apply).
 """
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ from ..ir.simplify import prune
 from ..ir.validate import problems
 from .codec import instantiate, matches_attrs
 from .rule import Constraint, Param, Rule
+
+MAX_TRIES = 256
+"""Candidate nodes a match may try for the pattern nodes its first output does not reach."""
 
 
 class RewriteError(ShapeError):
@@ -58,46 +64,72 @@ class Matcher:
         first = rule.src.outputs[0] if rule.src.outputs else None
         self.root = self.producers[first][0] if first in self.producers else None
 
-    def at(self, node: int) -> Match | str:
-        """The match whose first output is produced by ``node``, or why there is none."""
+    def at(self, node: int, seen: set[frozenset[int]] | None = None) -> Match | str:
+        """The match whose first output is produced by ``node``, or why there is none; with
+        ``seen``, one whose nodes are not a set in it (the same operators matched from
+        another of their outputs)."""
         if self.root is None:
             return "the source pattern has no operator at its output"
         st = _State()
-        why = self._node(self.root, node, st)
+        why = self._node(self.root, node, st) or self._partial(st)
         if why:
             return why
-        for p in range(len(self.src.nodes)):
-            if p not in st.nodes:
-                found = self._search(p, st)
-                if isinstance(found, str):
-                    return found
-                st = found
-        return self._check(st)
+        return self._complete(st, seen or set(), [MAX_TRIES])
 
     def all(self, limit: int | None = None) -> list[Match]:
         if self.root is None:
             return []
         kind = self.src.nodes[self.root].kind
-        out = []
+        out: list[Match] = []
+        seen: set[frozenset[int]] = set()
         for i in self.pcg.by_kind.get(kind, ()):
-            m = self.at(i)
+            m = self.at(i, seen)
             if isinstance(m, Match):
+                seen.add(frozenset(m.nodes))
                 out.append(m)
                 if limit and len(out) >= limit:
                     break
         return out
 
-    def _search(self, p: int, st: _State) -> _State | str:
+    def _complete(self, st: _State, seen: set[frozenset[int]], budget: list[int]) -> Match | str:
+        """Pattern nodes not reachable from the first output (siblings, lookups of other
+        tables) by search: each candidate node in turn, backing out of any that leaves a
+        constraint or the rest unsatisfiable, within ``budget`` trials in all."""
+        p = next((q for q in range(len(self.src.nodes)) if q not in st.nodes), None)
+        if p is None:
+            m = self._check(st)
+            if isinstance(m, Match) and frozenset(m.nodes) in seen:
+                return "the same operators as an earlier match"
+            return m
         kind = self.src.nodes[p].kind
         last = f"no {kind} node fits pattern node {p}"
+        used = set(st.nodes.values())
         for i in self.pcg.by_kind.get(kind, ()):
-            if i not in st.nodes.values():
-                trial = st.copy()
-                why = self._node(p, i, trial)
-                if not why:
-                    return trial
+            if i in used:
+                continue
+            if budget[0] <= 0:
+                return last
+            budget[0] -= 1
+            trial = st.copy()
+            why = self._node(p, i, trial) or self._partial(trial)
+            if why:
                 last = why
+                continue
+            found = self._complete(trial, seen, budget)
+            if isinstance(found, Match):
+                return found
+            last = found
         return last
+
+    def _partial(self, st: _State) -> str | None:
+        """The first constraint over tensors matched so far that fails (a search prunes there)."""
+        for c in self.rule.constraints:
+            names = [v[1] for v in (c.lhs, c.rhs) if isinstance(v, tuple) and v[:1] != ("param",)]
+            if all(t in st.tensors for t in names) and not _needs_free_param(c, st.binding):
+                why = check_constraint(self.pcg, c, st.tensors, st.binding)
+                if why:
+                    return why
+        return None
 
     def _node(self, p: int, n: int, st: _State) -> str | None:
         if p in st.nodes:
@@ -173,6 +205,8 @@ def _operand(pcg: PCG, v, tensors: Mapping[str, TensorRef], binding: Mapping[str
             return pcg.shape(tensors[t]).copy_degree
         case ("rank", t):
             return pcg.shape(tensors[t]).rank
+        case ("shape", t):
+            return pcg.shape(tensors[t]).sizes
     raise ShapeError(f"unknown constraint operand {v!r}")
 
 
@@ -183,8 +217,17 @@ def check_constraint(pcg: PCG, c: Constraint, tensors: Mapping[str, TensorRef],
         b = _operand(pcg, c.rhs, tensors, binding)
     except (IndexError, KeyError):
         return f"constraint {c.kind}({c.lhs}, {c.rhs}) does not apply here"
-    ok = {"EQUAL": a == b, "DIVISIBLE_BY": b != 0 and a % b == 0, "AT_LEAST": a >= b}[c.kind]
-    return None if ok else f"constraint {c.kind}({c.lhs}={a}, {c.rhs}={b}) fails"
+    return None if holds(c.kind, a, b) else f"constraint {c.kind}({c.lhs}={a}, {c.rhs}={b}) fails"
+
+
+def holds(kind: str, a, b) -> bool:
+    """Whether a constraint of ``kind`` holds between its operands' values (a shape, a
+    tuple, is only ever equal or not)."""
+    if kind == "EQUAL":
+        return a == b
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return False
+    return {"DIVISIBLE_BY": lambda: b != 0 and a % b == 0, "AT_LEAST": lambda: a >= b}.get(kind, lambda: False)()
 
 
 def find_matches(pcg: PCG, rule: Rule, limit: int | None = None) -> list[Match]:

@@ -70,9 +70,10 @@ class Pattern:
 class Constraint:
     """A condition on the matched tensors.
 
-    ``kind`` is ``EQUAL`` or ``DIVISIBLE_BY`` (``a % b == 0``); each operand is an int,
-    ``("param", name)``, ``("dim", tensor, axis)`` (a size), ``("degree", tensor, axis)``,
-    ``("sum", tensor)``, ``("copy", tensor)`` or ``("rank", tensor)``.
+    ``kind`` is ``EQUAL``, ``DIVISIBLE_BY`` (``a % b == 0``) or ``AT_LEAST``; each operand is
+    an int, ``("param", name)``, ``("dim", tensor, axis)`` (a size), ``("degree", tensor,
+    axis)``, ``("sum", tensor)``, ``("copy", tensor)``, ``("rank", tensor)``, or
+    ``("shape", tensor)`` (its sizes, of any rank: for ``EQUAL`` only).
     """
 
     kind: str

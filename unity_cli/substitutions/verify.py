@@ -36,7 +36,8 @@ from ..ir.opspec import OpKind, attrs_key
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape, TensorShape
 from .axioms import Signature, axioms_for, function_symbols, signature
-from .codec import AXIS_FIELDS, from_pattern
+from .codec import AXIS_FIELDS, bind_dims, from_pattern, sized_by_dims
+from .match import holds
 from .rule import Constraint, Pattern, Rule
 from .semantics import evaluate
 
@@ -158,6 +159,12 @@ def check_layouts(rule: Rule) -> list[Instance]:
                 break
     if not instances:
         raise Rejected(f"does not type-check: {first_problem}")
+    if sized_by_dims(rule):   # equal sizes cannot tell a right order of the parts from a wrong one
+        before = len(instances)
+        for layout in unequal_layouts(rule, [i.layout for i in instances]):
+            _try_layout(rule, layout, instances)
+        if len(instances) == before:
+            raise Rejected("does not type-check where the sizes its attributes name differ")
     return instances
 
 
@@ -194,6 +201,7 @@ def build(pattern: Pattern, layout: Layout) -> tuple[PCG, dict[str, ParallelTens
     env: dict[str, TensorRef] = {}
     for name, shape in layout.shapes.items():
         env[name] = b.add(InputAttrs(shape.logical), (), name, outputs=[shape])[0]
+    binding = bind_dims(pattern, layout.binding, lambda t: b.shape(env[t]))
     for n in pattern.nodes:
         refs = [env[t] for t in n.inputs]
         shapes = [b.shape(r) for r in refs]
@@ -202,7 +210,7 @@ def build(pattern: Pattern, layout: Layout) -> tuple[PCG, dict[str, ParallelTens
             v = dict(n.attrs).get(f)
             if isinstance(v, int) and not -rank <= v < 0:
                 raise ShapeError(f"{n.kind}: axis {v} does not exist in a rank-{rank} tensor")
-        outs = b.add(from_pattern(n, shapes, layout.binding), refs)
+        outs = b.add(from_pattern(n, shapes, binding), refs)
         if len(outs) != len(n.outputs):
             raise ShapeError(f"{n.kind} makes {len(outs)} outputs, the pattern names {len(n.outputs)}")
         env.update(zip(n.outputs, outs, strict=True))
@@ -222,6 +230,23 @@ def candidate_layouts(rule: Rule) -> list[Layout]:
             layout = _constrained(Layout(shapes, binding), rule.constraints)
             if layout is not None:
                 out.append(layout)
+    return out
+
+
+def unequal_layouts(rule: Rule, layouts: Sequence[Layout]) -> list[Layout]:
+    """Each layout again with the rule-input dims an attribute names (``sized_by_dims``) made
+    4, 8, 12, ... in order, and in the reverse order."""
+    refs = sized_by_dims(rule)
+    out = []
+    for layout in layouts:
+        for order in (refs, refs[::-1]):
+            shapes = dict(layout.shapes)
+            for k, (t, a) in enumerate(order):
+                s = shapes[t]
+                dims = list(s.logical.dims)
+                dims[a] = 4 * (k + 1)
+                shapes[t] = ParallelTensorShape.unpartitioned(TensorShape(tuple(dims), s.dtype))
+            out.append(Layout(shapes, layout.binding))
     return out
 
 
@@ -255,7 +280,7 @@ def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensor
         attrs = dict(node.attrs)
         if node.kind == OpKind.Gemm and pos == 2:   # a bias, broadcast along the rows
             return ParallelTensorShape.unpartitioned(TensorShape((n,)))
-        if node.kind in (OpKind.Gather, OpKind.GatherND) and pos == 1:
+        if node.kind in (OpKind.Gather, OpKind.GatherND) and pos == 1 or node.kind == OpKind.GroupedGather and pos:
             return ParallelTensorShape.unpartitioned(TensorShape((n,), DType.INT64))
         if node.kind == OpKind.Conv and isinstance(attrs.get("kernel"), tuple):
             kernel, groups = attrs["kernel"], attrs.get("groups", 1)
@@ -323,6 +348,8 @@ def _value(v: Any, shapes: Mapping[str, ParallelTensorShape], binding: Mapping[s
             return shapes[t].copy_degree
         case ("rank", str(t)) if t in shapes:
             return shapes[t].rank
+        case ("shape", str(t)) if t in shapes:
+            return shapes[t].sizes
     return None
 
 
@@ -331,17 +358,7 @@ def failed_constraint(constraints: Sequence[Constraint], shapes: Mapping[str, Pa
     """The first constraint that does not hold (as text), or None."""
     for c in constraints:
         a, b = _value(c.lhs, shapes, binding), _value(c.rhs, shapes, binding)
-        if a is None or b is None:
-            ok = False
-        elif c.kind == "EQUAL":
-            ok = a == b
-        elif c.kind == "DIVISIBLE_BY":
-            ok = b != 0 and a % b == 0
-        elif c.kind == "AT_LEAST":
-            ok = a >= b
-        else:
-            ok = False
-        if not ok:
+        if a is None or b is None or not holds(c.kind, a, b):
             return f"{c.kind}({c.lhs}, {c.rhs})"
     return None
 
@@ -408,10 +425,12 @@ def _num(x: Any) -> str:
 
 def prove(rule: Rule, instances: Sequence[Instance], timeout_ms: int) -> str:
     """"proved" if z3 shows ``src != dst`` unsatisfiable at every distinct (input ranks,
-    binding) instance; else raises Rejected with z3's answer."""
+    binding, sizes named by attributes) instance; else raises Rejected with z3's answer."""
     seen = set()
+    sized = sized_by_dims(rule)
     for inst in instances:
-        key = (tuple(s.rank for s in inst.layout.shapes.values()), tuple(sorted(inst.layout.binding.items())))
+        key = (tuple(s.rank for s in inst.layout.shapes.values()), tuple(sorted(inst.layout.binding.items())),
+               tuple(inst.layout.shapes[t].sizes[a] for t, a in sized))   # the sizes an attribute names, too
         if key in seen:
             continue
         seen.add(key)

@@ -1,17 +1,22 @@
-"""Gather (embedding lookup) and reductions.
+"""Gather (embedding lookup), GroupedGather (n lookups in one table) and reductions.
 
 Splitting an embedding table by rows (``Gather`` axis 0) makes each piece look up only
 the ids in its range and leave zeros elsewhere, so the output holds partial sums: the
 "partition an embedding table" parallelization.
+
+``GroupedGather`` is n embedding lookups from n tables stored as one, concatenated by
+rows (FBGEMM's table-batched embeddings): each table's ids are offset by the rows of the
+tables before it, and one lookup serves all of them. The rule family
+``embedding-merge-n`` (``substitutions/families.py``) makes it from n Gathers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import ShapeError
 from ..dtypes import DType
 from ..kernel import Kernel, first_extremum, scatter_add
-from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, register
+from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, register, spec_by_kind
 from ..shapes import TensorShape
 from ..terms import Axiom, Law, Symbol, need
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
@@ -20,6 +25,15 @@ from .common import need_inputs, norm_axes, norm_axis, streaming_cost
 @dataclass(frozen=True, slots=True)
 class GatherAttrs:
     axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupedGatherAttrs:
+    rows: tuple[int, ...]
+    """Rows of each table, in the order they are concatenated (and their ids passed)."""
+    base: int = field(default=0, metadata={OMIT_DEFAULT: True})
+    """The global row of this piece's first row: a piece of a table split by rows
+    (the executor sets it; 0 for a whole table)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +87,41 @@ def gather_backward(op, ctx, gs, xp):
     gd = xp.zeros((shape[a],) + shape[:a] + shape[a + 1:], dtype=g.dtype)
     scatter_add(gd, local.reshape(-1)[keep], g_t[keep], xp)
     return [xp.moveaxis(gd, 0, a), None]
+
+
+def _grouped_rows(op, xs, xp):
+    """Every table's ids as rows of this piece, flat and in table order: an id counts from
+    its own table's end when negative (as ``Gather``'s do), and one outside its table, or
+    outside this piece, becomes a row past the piece's end (zeros, as ``Gather`` gives).
+    One pass over all the ids, whatever the number of tables."""
+    table, ids = xs[0], xs[1:]
+    rows, n = table.shape[0], ids[0].size
+    flat = xp.concatenate([idx.reshape(-1) for idx in ids])
+    size = xp.repeat(xp.asarray(op.rows, dtype=flat.dtype), n)
+    start = xp.repeat(xp.asarray([sum(op.rows[:k]) - op.base for k in range(len(op.rows))], dtype=flat.dtype), n)
+    local = xp.where(flat < 0, flat + size, flat)
+    valid = (local >= 0) & (local < size)
+    local += start
+    return xp.where(valid & (local >= 0) & (local < rows), local, rows)
+
+
+def grouped_gather_forward(op, xs, xp):
+    table, ids = xs[0], xs[1:]
+    flat = _grouped_rows(op, xs, xp)
+    (y,), ctx = gather_forward(GatherAttrs(0), [table, flat], xp)
+    n = ids[0].size
+    tail = table.shape[1:]
+    return [y[k * n:(k + 1) * n].reshape(idx.shape + tail) for k, idx in enumerate(ids)], ctx
+
+
+def grouped_gather_backward(op, ctx, gs, xp):
+    shape, local, _ = ctx
+    n = local.size // len(op.rows)
+    tail = shape[1:]
+    g = xp.concatenate([xp.zeros((n,) + tail, dtype=next(x for x in gs if x is not None).dtype) if x is None
+                        else x.reshape((n,) + tail) for x in gs])
+    (gt, _) = gather_backward(GatherAttrs(0), ctx, [g], xp)
+    return [gt] + [None] * len(op.rows)
 
 
 def _gathernd_index(data_shape, idx, b, xp):
@@ -189,6 +238,48 @@ class Gather(OpSpec):
         Axiom("gather-scale", lambda s, v: Law(s.gather(v.ax, s.scale(v.k, v.a), v.c),
                                                s.scale(v.k, s.gather(v.ax, v.a, v.c)))),
     )
+
+
+@register
+class GroupedGather(OpSpec):
+    """``GroupedGather[rows](table, ids_1..ids_n)``: output ``k`` is ``Gather(T_k, ids_k)``,
+    ``T_k`` the ``k``-th block of ``rows[k]`` rows of ``table``; one kernel call for all n
+    (the ids offset and concatenated, one lookup, its result handed out in n views)."""
+
+    kind = OpKind.GroupedGather
+    kernel = Kernel(grouped_gather_forward, grouped_gather_backward)
+    attrs_type = GroupedGatherAttrs
+    weight_inputs = (0,)
+
+    def infer(self, attrs, inputs):
+        need_inputs(self.kind, inputs, len(attrs.rows) + 1)
+        table, ids = inputs[0], inputs[1:]
+        if table.rank < 1 or sum(attrs.rows) != table.dims[0] or min(attrs.rows, default=0) < 1:
+            raise ShapeError(f"GroupedGather: tables of {list(attrs.rows)} rows in a table of {list(table.dims)}")
+        for idx in ids:
+            if idx.dtype not in (DType.INT64, DType.INT32):
+                raise ShapeError(f"GroupedGather indices must be integers, got {idx.dtype.value}")
+            if idx.dims != ids[0].dims:
+                raise ShapeError(f"GroupedGather: ids of shapes {list(ids[0].dims)} and {list(idx.dims)} differ")
+        return tuple(TensorShape(ids[0].dims + table.dims[1:], table.dtype) for _ in ids)
+
+    def roles(self, attrs, inputs):
+        table, ids = inputs[0], inputs[1:]
+        r = ids[0].rank
+        return ((SUM,) + tuple(range(r, r + table.rank - 1)),) + tuple(tuple(range(r)) for _ in ids)
+
+    def terms(self, attrs, n):
+        return ((0,),)
+
+    def cost(self, attrs, inputs, outputs):
+        moved = float(sum(s.nbytes for s in inputs[1:]) + 2 * sum(s.nbytes for s in outputs))
+        return OpCost(0.0, moved, float(sum(s.numel for s in outputs)), 2 * moved, 1)
+
+    def encode(self, s, attrs, x, ins, outs):
+        """Output k is ``gather`` from the k-th block of the table, cut as ``Split`` cuts it."""
+        split = spec_by_kind(OpKind.Split)
+        blocks = split.encode(s, split.attrs_type(0, attrs.rows), x[:1], ins[:1], outs)
+        return [s.gather(-ins[0].rank, t, ids) for t, ids in zip(blocks, x[1:], strict=True)]
 
 
 @register
