@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..errors import ModelError, ShapeError, UnityError, UnsupportedOpError
 from ..ir import PCG, DType, GraphBuilder, TensorRef, TensorShape
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import spec_for_onnx
+from .activations import recognise
 from .load import check_names, check_opset, file_sha256, load_onnx, tensor_value
 from .node import OnnxInput, OnnxNode
 
@@ -71,6 +73,9 @@ class ImportedModel:
     kernels): their initial values, possibly read-only broadcast views."""
     opset: int = 0
     """The default-domain opset its ops are read at (each op's meaning at that version)."""
+    recognised: dict[str, int] = field(default_factory=dict)
+    """Activations the export wrote out as several ops, read as one (``activations.py``):
+    how many of each."""
 
 
 def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions()) -> ImportedModel:
@@ -141,6 +146,8 @@ class _Importer:
         # Inputs whose exported concrete dims --input or --batch-size changed: (option, name, exported, used).
         self.changed: list[tuple[str, str, tuple, tuple]] = []
         self.used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+        self.constant_nodes = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
+        self.recognised: Counter[str] = Counter()
 
     # -- inputs ----------------------------------------------------------------
 
@@ -258,7 +265,9 @@ class _Importer:
                 self.values[name] = value
             elif value is None and not self._trainable(name, shape, None):
                 self.opaque.add(name)
-        for node in _topological(self.model.graph):
+        nodes, self.recognised = recognise(_topological(self.model.graph), self._constant,
+                                           [o.name for o in self.model.graph.output])
+        for node in nodes:
             try:
                 self._node(node)
             except UnityError as e:
@@ -275,7 +284,20 @@ class _Importer:
         sha256 = self.sha256 or file_sha256(self.path)
         return ImportedModel(pcg, str(self.path), sha256, inputs,
                              [o.name for o in self.model.graph.output], self.constants, self.weights,
-                             batch, defaulted, self.folded, self.weight_values, self.opset)
+                             batch, defaulted, self.folded, self.weight_values, self.opset, dict(self.recognised))
+
+    def _constant(self, name: str) -> np.ndarray | None:
+        """A tensor's value if it is known before any node runs (a constant initializer, or a
+        Constant node's value): what ``activations.recognise`` compares to a formula's."""
+        if name in self.values:
+            return self.values[name]
+        node = self.constant_nodes.get(name)
+        if node is None:
+            return None
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if isinstance(attrs.get("value"), onnx.TensorProto):
+            return onnx.numpy_helper.to_array(attrs["value"])
+        return np.asarray(attrs["value_float"]) if "value_float" in attrs else None
 
     def _node(self, node: onnx.NodeProto) -> None:
         if node.domain not in ("", "ai.onnx"):

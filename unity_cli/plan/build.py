@@ -59,6 +59,8 @@ def model_info(model: ImportedModel) -> dict:
         "outputs": list(model.outputs),
         "batch_size": model.batch_size,
         "opset": model.opset,
+        # only when there are some: plans of other models stay byte-identical
+        **({"recognised": dict(sorted(model.recognised.items()))} if model.recognised else {}),
     }
 
 

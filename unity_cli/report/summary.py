@@ -40,7 +40,9 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     m = plan.model
     inputs = ", ".join(f"{k}[{','.join(map(str, v['dims']))}]" for k, v in m["inputs"].items())
     opset = f"opset {m['opset']}; " if m.get("opset") else ""
-    lines = [f"model    {m['path']}  ({opset}{inputs})",
+    read = "".join(f"{n} written-out {kind} read as one op{' each' if n > 1 else ''}; "
+                   for kind, n in m.get("recognised", {}).items())
+    lines = [f"model    {m['path']}  ({opset}{read}{inputs})",
              f"cluster  {describe_cluster(plan.cluster)}  ({plan.cluster.num_devices} devices), "
              f"{plan.config['dtype']}, {plan.config['optimizer']}"]
     lines += [f"note     {n}" for n in notes]

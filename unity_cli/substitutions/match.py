@@ -146,8 +146,23 @@ class Matcher:
         st.nodes[p] = n
         for k, t in enumerate(pn.outputs):
             st.tensors[t] = TensorRef(n, k)
+        if len(node.inputs) != 2 or not node.spec.commutative(node.op):
+            return self._inputs(pn, node.inputs, n, st)
+        # a + b is b + a: a graph's operands may come in the other order (BERT's exports add
+        # the bias first); the pattern's order is tried first
+        trial = st.copy()
+        why = self._inputs(pn, node.inputs, n, trial)
+        if why:
+            trial = st.copy()
+            if self._inputs(pn, node.inputs[::-1], n, trial):
+                return why
+        st.nodes, st.tensors, st.binding = trial.nodes, trial.tensors, trial.binding
+        return None
+
+    def _inputs(self, pn, refs, n: int, st: _State) -> str | None:
+        """Match the pattern node's inputs to the graph node ``n``'s ``refs``, in that order."""
         for pos, t in enumerate(pn.inputs):
-            ref = node.inputs[pos]
+            ref = refs[pos]
             if t in self.producers:
                 q, k = self.producers[t]
                 if ref.index != k:
