@@ -60,23 +60,27 @@ def test_merged_tables_split_by_rows_train_like_the_model(tmp_path, ranks):
     assert run["comm_bytes"]["measured"] == run["comm_bytes"]["predicted"], run["comm_bytes"]
 
 
-def test_fused_weights_are_stored_fused_and_saved_as_the_models(tmp_path):
-    """Q, K and V fused: the plan holds one weight of their three (no Concat runs each step);
-    `--save` writes the model's own three initializers, trained as the unfused plan trains
-    them."""
-    plain, fused = family_plans(tmp_path, qkv, "sibling-matmul-3", SPECS / "local-cpu.yaml", 2)
+@pytest.mark.parametrize("make,rule_name,parts,others", [(qkv, "sibling-matmul-3", ["wq", "wk", "wv"], ["wo"]),
+                                                         (embeddings, "embedding-merge-3", ["t0", "t1", "t2"], ["wo"])],
+                         ids=["qkv", "tables"])
+def test_fused_weights_are_stored_fused_and_saved_as_the_models(tmp_path, make, rule_name, parts, others):
+    """Q, K and V fused (three tables merged): the plan holds one weight of their three (no
+    Concat runs each step); `--save` writes the model's own three initializers, trained as
+    the unfused plan trains them."""
+    plain, fused = family_plans(tmp_path, make, rule_name, SPECS / "local-cpu.yaml", 2)
     doc = json.loads(fused.read_text())
     kinds = [n["op"]["kind"] for n in doc["pcg"]["nodes"]]
-    assert "Concat" not in kinds
+    assert "Concat" not in kinds or make is embeddings   # (its model concatenates the lookups)
     (folded,) = [n for n in doc["pcg"]["nodes"] if n["op"].get("parts")]
-    assert [p[0] for p in folded["op"]["parts"]] == ["wq", "wk", "wv"]
+    assert [p[0] for p in folded["op"]["parts"]] == parts
     saved = {}
     for name, plan in (("plain", plain), ("fused", fused)):
         out = tmp_path / f"{name}.onnx"
         run_json(plan, "--steps", "3", "--optimizer", "adam", "--save", str(out))
         saved[name] = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
-    assert sorted(saved["fused"]) == sorted(saved["plain"]) == ["wk", "wo", "wq", "wv"]
-    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "qkv-8.onnx")).graph.initializer}
+    assert sorted(saved["fused"]) == sorted(saved["plain"]) == sorted(parts + others)
+    model = tmp_path / f"{make.__name__}-8.onnx"
+    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(model)).graph.initializer}
     for name, value in saved["plain"].items():
         assert not np.allclose(value, original[name])              # trained
         np.testing.assert_allclose(saved["fused"][name], value, rtol=1e-4, atol=1e-6)
