@@ -115,13 +115,17 @@ def grouped_gather_forward(op, xs, xp):
 
 
 def grouped_gather_backward(op, ctx, gs, xp):
-    shape, local, _ = ctx
+    """Each output's gradient scatter-added into one zeroed table gradient, a table at a
+    time (no concatenation of the gradients: a copy their separate Gathers never made)."""
+    shape, local, valid = ctx
     n = local.size // len(op.rows)
-    tail = shape[1:]
-    g = xp.concatenate([xp.zeros((n,) + tail, dtype=next(x for x in gs if x is not None).dtype) if x is None
-                        else x.reshape((n,) + tail) for x in gs])
-    (gt, _) = gather_backward(GatherAttrs(0), ctx, [g], xp)
-    return [gt] + [None] * len(op.rows)
+    gd = xp.zeros(shape, dtype=next(g for g in gs if g is not None).dtype)
+    for k, g in enumerate(gs):
+        if g is None:
+            continue
+        keep = valid[k * n:(k + 1) * n]
+        scatter_add(gd, local[k * n:(k + 1) * n][keep], g.reshape((n,) + shape[1:])[keep], xp)
+    return [gd] + [None] * len(op.rows)
 
 
 def _gathernd_index(data_shape, idx, b, xp):
