@@ -184,14 +184,21 @@ def matches_attrs(node: PatternNode, attrs: Any, rank: int, binding: dict[str, i
 
 
 def instantiate(pattern: Pattern, b: GraphBuilder, inputs: Mapping[str, TensorRef],
-                binding: Mapping[str, int]) -> list[TensorRef]:
-    """Add a pattern's nodes to ``b`` over the given input tensors; returns its outputs."""
+                binding: Mapping[str, int], names: Sequence[str] = (), root: str = "") -> list[TensorRef]:
+    """Add a pattern's nodes to ``b`` over the given input tensors; returns its outputs.
+
+    ``names``: the name of what each output replaces; a node making outputs takes theirs
+    (joined by "+" when it makes several that had different names), one inside the
+    pattern ``root`` + "/" + its kind, so that a plan names what a rewrite made."""
     env = dict(inputs)
     binding = bind_dims(pattern, binding, lambda t: b.shape(env[t]))
+    made = {t: names[k] for k, t in enumerate(pattern.outputs) if k < len(names) and names[k]}
     for n in pattern.nodes:
         refs = [env[t] for t in n.inputs]
         attrs = from_pattern(n, [b.shape(r) for r in refs], binding)
-        outs = b.add(attrs, refs)
+        mine = list(dict.fromkeys(made[t] for t in n.outputs if t in made))
+        name = "+".join(mine) if mine else (f"{root}/{n.kind}" if root else "")
+        outs = b.add(attrs, refs, name)
         if len(outs) != len(n.outputs):
             raise ShapeError(f"{n.kind} makes {len(outs)} outputs, the pattern names {len(n.outputs)}")
         env.update(zip(n.outputs, outs, strict=True))

@@ -351,7 +351,8 @@ def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, che
             done += 1
             if k == "dst":
                 # (its outputs have the source's shapes: _check_target saw the same inputs)
-                outs = instantiate(m.rule.dst, b, {t: remap[r] for t, r in inputs.items()}, binding)
+                outs = instantiate(m.rule.dst, b, {t: remap[r] for t, r in inputs.items()}, binding,
+                                   [pcg.nodes[r.node].name for r in src_outs], pcg.nodes[m.root].name)
                 remap.update(zip(src_outs, outs, strict=True))
             else:
                 n = pcg.nodes[k]
