@@ -322,6 +322,12 @@ def test_embedding_lookups_merge_into_one_table():
     _rewrites_preserve_values(pcg, embedding_merge(3), 1)
     _rewrites_preserve_values(pcg, embedding_merge(2), 3)
     assert not find_matches(pcg, embedding_merge(4))
+    # what the rewrite made is named after what it replaced (a plan's explanation reads it)
+    (m,) = find_matches(pcg, embedding_merge(3))
+    new = apply_match(pcg, m)
+    (merged,) = [n for _, n in new if n.kind == OpKind.GroupedGather]
+    assert merged.name == "+".join(pcg.nodes[i].name for i in m.nodes)
+    assert pcg.nodes[m.root].name + "/Concat" in [n.name for _, n in new if n.kind == OpKind.Concat]
     # the zoo's DLRM has tables of 50, 40 and 30 rows: they merge all the same
     _rewrites_preserve_values(import_model_proto_of("dlrm"), embedding_merge(3), 1)
 
