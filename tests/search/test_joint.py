@@ -243,3 +243,27 @@ def test_after_the_search_every_activation_that_saves_time_is_fused(tmp_path, cl
     from unity_cli.deadline import ceiling
     with ceiling(0.0):
         assert joint.fuse_activations(start, cluster, CostConfig(), rules) == (start, 0)
+
+
+def test_activations_fuse_where_the_solver_parallelizes_them_so(monkeypatch):
+    """XDL at paper scale on 8 Summit GPUs: the polish ends on a plan whose last product is
+    split by rows (partial sums, then the sigmoid), where no fusion can match; the plain
+    graph with its three activations fused, each priced as the solver parallelizes it
+    (products unsplit), is faster, and unity keeps it. Without that pass it does not."""
+    from unity_cli.onnx_import import import_model_proto
+    from unity_cli.search import optimize as opt
+    from unity_cli.zoo import build as build_zoo
+
+    pcg = import_model_proto(build_zoo("xdl", "paper", batch_size=4096).model, ImportOptions(4096)).pcg
+    cluster = load_cluster(Path(__file__).resolve().parents[2] / "cluster_specs" / "summit-192.yaml").first(8)
+    rules = load_cache().rules
+
+    def unity():
+        res = optimize(pcg, cluster, CostConfig(), "unity", rules)
+        return res.chosen.report.step_time, sorted(a.rule_name for a in res.rewrites)
+
+    fused, names = unity()
+    assert names == ["matmul-relu-fused", "matmul-relu-fused", "matmul-sigmoid-fused"]
+    monkeypatch.setattr(opt, "fuse_solved", lambda plain, search, rules: plain)
+    without, _ = unity()
+    assert fused < without * (1 - 1e-6)

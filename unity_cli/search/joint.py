@@ -255,6 +255,8 @@ class SolvedSearch(JointSearch):
     ``solve`` maps a plain graph to its solved graph (None: unsolvable; priced on one device)."""
 
     solve: Callable[..., PCG | None] | None = None
+    plain: Found | None = field(default=None, init=False)
+    """The walk's winner before it was solved again with device groups: a plain graph."""
 
     def cost(self, pcg: PCG, parent: Found | None = None) -> tuple[tuple[MachineView, ...], CostReport]:
         solved = self.solve(pcg, grouped=False)
@@ -265,6 +267,7 @@ class SolvedSearch(JointSearch):
         operator on every device; the winner is solved again with its branches also tried
         on disjoint device groups (``groups.py``: a few more solves, once)."""
         found = super().run(starts)
+        self.plain = found
         solved = self.solve(found.pcg)
         if solved is None:
             return found
@@ -282,6 +285,49 @@ def fusing_rules(rules: Sequence[Rule]) -> list[tuple[Rule, str, bool]]:
         into = any(k == "activation" and v for n in r.dst.nodes for k, v in n.attrs)
         out.append((r, r.id, False) if into else (r.reversed(), r.id, True))
     return sorted(out, key=lambda rr: rr[0].id)
+
+
+def fuse_solved(plain: Found, search: SolvedSearch, rules: Sequence[Rule]) -> Found:
+    """``plain`` (a plain graph) solved with every activation fused that makes it faster
+    *as the solver parallelizes it*: one pass over the matches in rule order, each fused
+    graph solved again, device groups included (the run's shared tables price only what
+    changed). Returns the solved graph.
+
+    ``fuse_activations`` fuses into a plan whose parallelization is chosen, so a product
+    split by rows (partial sums, then the activation) never fuses there, even where the
+    product unsplit and fused is faster; and the walk leaves fusions out, as they would
+    hide its better strategies. This prices each fusion with the strategy chosen for it."""
+    fusing = fusing_rules(rules)
+    solved = search.solve(plain.pcg)
+    if solved is None:
+        return plain
+    views, rep = JointSearch.cost(search, solved)
+    cur = Found(plain.pcg, views, rep, plain.start, plain.path)       # the plain graph, priced solved
+    best = Found(solved, views, rep, plain.start, plain.path, search._on_default)   # and its solved graph
+    for rule, rid, reverse in fusing:
+        if not {n.kind for n in rule.src.nodes} <= cur.pcg.by_kind.keys():
+            continue
+        done: set = set()
+        while True:   # a rule's matches, each tried once (a fusion changes the graph's nodes)
+            m = next((m for m in find_matches(cur.pcg, rule) if cur.pcg.node_hashes[m.root] not in done), None)
+            if m is None:
+                break
+            done.add(cur.pcg.node_hashes[m.root])
+            check()
+            try:
+                new = simplify(apply_match(cur.pcg, m, check=False))
+            except RewriteError:
+                continue
+            solved = search.solve(new)
+            if solved is None:
+                continue
+            views, rep = JointSearch.cost(search, solved)
+            if rep.feasible and _faster(rep, cur.report):
+                node = cur.pcg.nodes[m.root]
+                step = Applied(rid, rule.name, reverse, node.name or node.kind, (), saved(cur.report, rep))
+                cur = Found(new, views, rep, cur.start, cur.path + (step,))
+                best = Found(solved, views, rep, cur.start, cur.path, search._on_default)
+    return best
 
 
 def fuse_activations(found: Found, cluster: ClusterSpec, config: CostConfig, rules: Sequence[Rule]

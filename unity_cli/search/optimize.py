@@ -40,7 +40,7 @@ from .baselines import (
     is_hybrid,
     parse_hybrid,
 )
-from .joint import Found, JointSearch, SearchStats, SolvedSearch, fuse_activations
+from .joint import Found, JointSearch, SearchStats, SolvedSearch, fuse_activations, fuse_solved
 from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
 from .solver import Solution, Tables, regroup, solve
@@ -302,6 +302,18 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     found = search.run(starts)
     found, priced = fuse_activations(found, cluster, config, rules)
     search.stats.candidates += priced
+    if solved and outer.plain is not None:
+        # The walk's winner and the plain graph, each with the activations fused that pay as
+        # the solver parallelizes them, then grouped: two more plans, compared, not starts
+        # (the polish's patience is spent on its starts). The walk prices flat, so its winner
+        # may have merged what runs faster apart on device groups (tables, sibling branches).
+        try:
+            for start in (outer.plain, Found(pcg, *outer.cost(pcg), "plain")):
+                fused = fuse_solved(start, outer, rules)
+                if _better(fused.report, found.report):
+                    found = fused
+        except OutOfTime:
+            pass
     alt = search.best_default
     if alt is not None and alt.pcg.node_hashes != found.pcg.node_hashes:
         # The best is laid out by the solver's device groups; the best on the default views
