@@ -151,6 +151,20 @@ def _tanh_argument(g: _Graph, name: str, x: str, members: list[onnx.NodeProto]) 
     return True
 
 
+def _name(members: Sequence[onnx.NodeProto]) -> str:
+    """The module the subgraph's nodes share (``/m/layer.0/act/Div``, ``/m/layer.0/act/Mul``:
+    ``/m/layer.0/act/Gelu``), else its last node's name."""
+    paths = [n.name.split("/") for n in members if n.name]
+    common: list[str] = []
+    for parts in zip(*(p[:-1] for p in paths)):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    if common and any(common):
+        return "/".join(common) + "/Gelu"
+    return members[0].name if members else ""
+
+
 def recognise(nodes: Sequence[onnx.NodeProto], constant: Constant, outputs: Iterable[str]
               ) -> tuple[list[onnx.NodeProto], Counter[str]]:
     """``nodes`` (in a topological order) with each written-out Gelu made one ``Gelu`` node
@@ -167,7 +181,7 @@ def recognise(nodes: Sequence[onnx.NodeProto], constant: Constant, outputs: Iter
             continue
         x, approximate, members = match
         attrs = {"approximate": "tanh"} if approximate == "tanh" else {}
-        put[id(n)] = onnx.helper.make_node("Gelu", [x], [n.output[0]], name=n.name or n.output[0], **attrs)
+        put[id(n)] = onnx.helper.make_node("Gelu", [x], [n.output[0]], name=_name(members) or n.output[0], **attrs)
         gone.update(id(m) for m in members)
         found["Gelu (tanh)" if approximate == "tanh" else "Gelu"] += 1
     return [put.get(id(n), n) for n in nodes if id(n) in put or id(n) not in gone], found
