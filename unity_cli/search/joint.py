@@ -21,7 +21,9 @@ from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate
 from ..deadline import OutOfTime, check
 from ..ir.machine_view import MachineView
-from ..ir.pcg import PCG
+from ..ir.ops.linear import FUSED_ACTIVATIONS
+from ..ir.opspec import OpKind
+from ..ir.pcg import PCG, Node, TensorRef
 from ..ir.simplify import simplify
 from ..substitutions.equivalence import search_rules
 from ..substitutions.match import RewriteError, apply_match, find_matches, free_params
@@ -285,6 +287,28 @@ def fusing_rules(rules: Sequence[Rule]) -> list[tuple[Rule, str, bool]]:
         into = any(k == "activation" and v for n in r.dst.nodes for k, v in n.attrs)
         out.append((r, r.id, False) if into else (r.reversed(), r.id, True))
     return sorted(out, key=lambda rr: rr[0].id)
+
+
+def unfused_activations(pcg: PCG) -> bool:
+    """Whether some activation a Gemm could fuse reads a product (a MatMul or Gemm, or an
+    Add of one, through parallel ops) without being fused into it: only then can
+    :func:`fuse_solved` find a plan the polish did not."""
+    def computed(ref: TensorRef) -> Node:
+        n = pcg.nodes[ref.node]
+        while n.spec.is_parallel_op:
+            n = pcg.nodes[n.inputs[0].node]
+        return n
+
+    def product(n: Node) -> bool:
+        return n.kind in (OpKind.MatMul, OpKind.Gemm) and not getattr(n.op, "activation", "")
+
+    for _, n in pcg:
+        if n.kind == OpKind.Unary and n.op.fn in FUSED_ACTIVATIONS:
+            x = computed(n.inputs[0])
+            biased = x.kind == OpKind.Binary and x.op.fn == "Add" and any(product(computed(r)) for r in x.inputs)
+            if product(x) or biased:
+                return True
+    return False
 
 
 def fuse_solved(plain: Found, search: SolvedSearch, rules: Sequence[Rule]) -> Found:

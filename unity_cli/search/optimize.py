@@ -40,7 +40,7 @@ from .baselines import (
     is_hybrid,
     parse_hybrid,
 )
-from .joint import Found, JointSearch, SearchStats, SolvedSearch, fuse_activations, fuse_solved
+from .joint import Found, JointSearch, SearchStats, SolvedSearch, fuse_activations, fuse_solved, unfused_activations
 from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
 from .solver import Solution, Tables, regroup, solve
@@ -302,7 +302,7 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     found = search.run(starts)
     found, priced = fuse_activations(found, cluster, config, rules)
     search.stats.candidates += priced
-    if solved and outer.plain is not None:
+    if solved and outer.plain is not None and unfused_activations(found.pcg):
         # The walk's winner and the plain graph, each with the activations fused that pay as
         # the solver parallelizes them, then grouped: two more plans, compared, not starts
         # (the polish's patience is spent on its starts). The walk prices flat, so its winner
