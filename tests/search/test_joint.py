@@ -264,6 +264,6 @@ def test_activations_fuse_where_the_solver_parallelizes_them_so(monkeypatch):
 
     fused, names = unity()
     assert names == ["matmul-relu-fused", "matmul-relu-fused", "matmul-sigmoid-fused"]
-    monkeypatch.setattr(opt, "fuse_solved", lambda plain, search, rules: plain)
+    monkeypatch.setattr(opt, "fuse_solved", lambda *args: None)   # the pass finds nothing
     without, _ = unity()
     assert fused < without * (1 - 1e-6)

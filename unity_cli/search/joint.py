@@ -311,11 +311,13 @@ def unfused_activations(pcg: PCG) -> bool:
     return False
 
 
-def fuse_solved(plain: Found, search: SolvedSearch, rules: Sequence[Rule]) -> Found:
-    """``plain`` (a plain graph) solved, with every activation fused that makes it faster
-    *as the solver parallelizes it*; returns the solved graph. Each fusion is priced by
-    solving the fused graph again (the run's shared tables price only what changed):
-    first flat, one pass over the matches in rule order; then, with device groups, only
+def fuse_solved(pcg: PCG, start: str, path: tuple[Applied, ...], search: SolvedSearch,
+                rules: Sequence[Rule]) -> Found | None:
+    """``pcg`` (a plain graph, which ``path`` made from the start graph ``start``) solved,
+    with every activation fused that makes it faster *as the solver parallelizes it*;
+    returns the solved graph (None: the solver has none). Each fusion is priced by solving
+    the fused graph again (the run's shared tables price only what changed): first flat,
+    one pass over the matches in rule order; then, with device groups, only
     the fusions that pass refused (a grouped solve costs several flat ones: BERT-large's
     24 feed-forward fusions all pay flat).
 
@@ -329,13 +331,14 @@ def fuse_solved(plain: Found, search: SolvedSearch, rules: Sequence[Rule]) -> Fo
         solved = search.solve(g, grouped=grouped)
         return None if solved is None else (solved, *JointSearch.cost(search, solved))
 
-    first = priced(plain.pcg, False)
+    first = priced(pcg, False)
     if first is None:
-        return plain
-    cur, _, refused = _fusion_pass(replace(plain, report=first[2]), fusing, lambda g: priced(g, False), None)
+        return None
+    cur, _, refused = _fusion_pass(Found(pcg, first[1], first[2], start, path), fusing, lambda g: priced(g, False),
+                                   None)
     again = priced(cur.pcg, True)
     if again is None:
-        return plain
+        return None
     cur, solved, _ = _fusion_pass(replace(cur, report=again[2]), fusing, lambda g: priced(g, True), refused, again)
     return Found(solved[0], solved[1], solved[2], cur.start, cur.path, search._on_default)
 
@@ -344,20 +347,28 @@ def _fuse_every(cur: Found, rule: Rule, rid: str, reverse: bool, only: set | Non
     """``cur``'s plain graph with every match of ``rule`` (``only``: those keys) fused,
     unpriced; None if none applies."""
     g, path, done = cur.pcg, cur.path, set()
-    while True:
-        keys = ((m, _key_of(g, rid, m)) for m in find_matches(g, rule))
-        m, key = next(((m, k) for m, k in keys if k not in done and (only is None or k in only)), (None, None))
-        if m is None:
-            break
-        done.add(key)
-        check()
-        try:
-            new = simplify(apply_match(g, m, check=False))
-        except RewriteError:
-            continue
+    while (step := _next_fused(g, rule, rid, only, done)) is not None:
+        m, _, new = step
         node = g.nodes[m.root]
         g, path = new, path + (Applied(rid, rule.name, reverse, node.name or node.kind),)
     return None if g is cur.pcg else replace(cur, pcg=g, path=path)
+
+
+def _next_fused(g: PCG, rule: Rule, rid: str, only: set | None, tried: set) -> tuple | None:
+    """The first match of ``rule`` in ``g`` not yet ``tried`` (``only``: among those keys)
+    that applies, as (match, key, the fused graph); its key and those of matches that do
+    not apply join ``tried``. None when no match is left."""
+    while True:
+        keys = ((m, _key_of(g, rid, m)) for m in find_matches(g, rule))
+        m, key = next(((m, k) for m, k in keys if k not in tried and (only is None or k in only)), (None, None))
+        if m is None:
+            return None
+        tried.add(key)
+        check()
+        try:
+            return m, key, simplify(apply_match(g, m, check=False))
+        except RewriteError:
+            continue
 
 
 def _key_of(g: PCG, rid: str, m) -> tuple[str, str]:
@@ -390,17 +401,9 @@ def _fusion_pass(cur: Found, fusing: Sequence[tuple[Rule, str, bool]], price, on
                 cur, solved = Found(every.pcg, got[1], got[2], cur.start, cur.path + steps), got
                 continue
         tried: set = set()
-        while True:   # each match once (a fusion rebuilds the graph, so matches are found again)
-            keys = ((m, _key_of(cur.pcg, rid, m)) for m in find_matches(cur.pcg, rule))
-            m, key = next(((m, k) for m, k in keys if k not in tried and (only is None or k in only)), (None, None))
-            if m is None:
-                break
-            tried.add(key)
-            check()
-            try:
-                new = simplify(apply_match(cur.pcg, m, check=False))
-            except RewriteError:
-                continue
+        # each match once (a fusion rebuilds the graph, so matches are found again)
+        while (step := _next_fused(cur.pcg, rule, rid, only, tried)) is not None:
+            m, key, new = step
             got = price(new)
             if got is None or not (got[2].feasible and _faster(got[2], cur.report)):
                 refused.add(key)

@@ -308,9 +308,9 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         # (the polish's patience is spent on its starts). The walk prices flat, so its winner
         # may have merged what runs faster apart on device groups (tables, sibling branches).
         try:
-            for start in (outer.plain, Found(pcg, *outer.cost(pcg), "plain")):
-                fused = fuse_solved(start, outer, rules)
-                if _better(fused.report, found.report):
+            for g, name, path in ((outer.plain.pcg, outer.plain.start, outer.plain.path), (pcg, "plain", ())):
+                fused = fuse_solved(g, name, path, outer, rules)
+                if fused is not None and _better(fused.report, found.report):
                     found = fused
         except OutOfTime:
             pass

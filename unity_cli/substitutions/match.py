@@ -242,7 +242,9 @@ def holds(kind: str, a, b) -> bool:
         return a == b
     if isinstance(a, tuple) or isinstance(b, tuple):
         return False
-    return {"DIVISIBLE_BY": lambda: b != 0 and a % b == 0, "AT_LEAST": lambda: a >= b}.get(kind, lambda: False)()
+    if kind == "DIVISIBLE_BY":
+        return b != 0 and a % b == 0
+    return kind == "AT_LEAST" and a >= b
 
 
 def find_matches(pcg: PCG, rule: Rule, limit: int | None = None) -> list[Match]:
