@@ -131,18 +131,22 @@ def _sized_by_dims(v: Any) -> bool:
     return isinstance(v, tuple) and bool(v) and all(isinstance(x, tuple) and x[:1] == ("dim",) for x in v)
 
 
+def _named_dims(pattern: Pattern) -> set[tuple[str, int]]:
+    """The rule-input dims (``(input, axis)``) whose sizes the pattern's attributes name."""
+    return {(t, a) for n in pattern.nodes for _, v in n.attrs if _sized_by_dims(v) for _, t, a in v}
+
+
 def sized_by_dims(rule: Any) -> tuple[tuple[str, int], ...]:
     """The rule-input dims (``(input, axis)``) whose sizes an attribute of the rule's
     target or source names (none for most rules)."""
-    return tuple(sorted({(t, a) for p in (rule.src, rule.dst) for n in p.nodes for _, v in n.attrs
-                         if _sized_by_dims(v) for _, t, a in v}))
+    return tuple(sorted(_named_dims(rule.src) | _named_dims(rule.dst)))
 
 
 def bind_dims(pattern: Pattern, binding: Mapping[str, int],
               shape_of: typing.Callable[[str], ParallelTensorShape]) -> Mapping[str, int]:
     """``binding`` with the size of every rule-input dim the pattern's attributes name,
     read from ``shape_of(input)``."""
-    named = {(t, a) for n in pattern.nodes for _, v in n.attrs if _sized_by_dims(v) for _, t, a in v}
+    named = _named_dims(pattern)
     if not named:
         return binding
     return {**binding, **{dim_key(t, a): shape_of(t).sizes[a] for t, a in named}}
