@@ -26,7 +26,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from models.families import bags, embeddings, family_plans, ffn, linears, qkv, torch_mlp, towers  # noqa: E402
+from models.families import (  # noqa: E402
+    bags,
+    channels_last,
+    embeddings,
+    family_plans,
+    ffn,
+    linears,
+    qkv,
+    torch_mlp,
+    towers,
+)
 
 from unity_cli.cost.model import CostConfig, Optimizer, estimate  # noqa: E402
 from unity_cli.cost.profile import load_profile  # noqa: E402
@@ -36,7 +46,8 @@ BIN = Path(sys.executable).parent
 THREADS = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 CASES = [(qkv, "sibling-matmul-3"), (linears, "sibling-gemm-2"), (linears, "concat-gemm-2"),
          (linears, "gemm-trans-b-as-matmul-add"), (bags, "concat-linear-3"), (torch_mlp, "gemm-trans-b-relu-fused"),
-         (towers, "sibling-conv1x1-2"), (ffn, "matmul-add-relu-fused-batched"), (embeddings, "embedding-merge-3")]
+         (towers, "sibling-conv1x1-2"), (ffn, "matmul-add-relu-fused-batched"), (embeddings, "embedding-merge-3"),
+         (channels_last, "transpose-cancel-around-relu-120+transpose-cancel-around-relu-120")]
 NOISE = 0.05
 
 

@@ -125,27 +125,56 @@ def towers(path: Path, width: int = 8) -> Path:
     return path
 
 
+def channels_last(path: Path, width: int = 8) -> Path:
+    """A channels-last (NHWC) network as a TensorFlow converter writes it: each convolution
+    between a transpose to NCHW and one back, its activation applied channels-last, so
+    every pair of transposes between two convolutions undoes itself once the activation
+    is moved through."""
+    rng = np.random.default_rng(4)
+    c, hw = max(4, width // 4), 8    # (a quarter of the width: 3x3 convolutions are the costly part)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+             for n, s in (("w1", (c, c, 3, 3)), ("w2", (c, c, 3, 3)), ("w3", (c, c, 3, 3)), ("wo", (hw * hw * c, 4)))]
+    inits.append(numpy_helper.from_array(np.array([-1, hw * hw * c], dtype=np.int64), "flat"))
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [1, 1]}
+    nodes, x = [], "x"
+    for k in (1, 2, 3):
+        nodes += [helper.make_node("Transpose", [x], [f"nchw{k}"], perm=[0, 3, 1, 2], name=f"conv{k}/to_nchw"),
+                  helper.make_node("Conv", [f"nchw{k}", f"w{k}"], [f"c{k}"], name=f"conv{k}", **conv),
+                  helper.make_node("Transpose", [f"c{k}"], [f"nhwc{k}"], perm=[0, 2, 3, 1], name=f"conv{k}/to_nhwc"),
+                  helper.make_node("Relu", [f"nhwc{k}"], [f"r{k}"], name=f"relu{k}")]
+        x = f"r{k}"
+    nodes += [helper.make_node("Reshape", [x, "flat"], ["f"]), helper.make_node(MM, ["f", "wo"], ["y"])]
+    g = helper.make_graph(nodes, path.stem,
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", hw, hw, c])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def family_plans(root: Path, make, rule_name: str, spec: Path, ranks: int, batch: int = 12,
                  width: int = 8, config: CostConfig = CostConfig(), baseline=data_parallel) -> tuple[Path, Path]:
     """Two plans over ``ranks`` devices of the model ``make`` writes, laid out by ``baseline``
     (data parallel by default): as it is, and rewritten by the family rule at its first
-    match (``spec``: a cluster spec whose ``devices:`` count is replaced)."""
+    match (``rule_name``; several joined by "+" are applied in turn, each at its first
+    match; ``spec``: a cluster spec whose ``devices:`` count is replaced)."""
     model = make(root / f"{make.__name__}-{width}.onnx", width)
     imported = import_model(model, ImportOptions(batch_size=batch))
-    rule = next(r for r in FAMILY_RULES if r.name == rule_name)
-    matches = find_matches(imported.pcg, rule)
-    assert matches, f"{rule_name} does not match {model.name}"
+    rewritten, rewrites = imported.pcg, []
+    for name in rule_name.split("+"):
+        rule = next(r for r in FAMILY_RULES if r.name == name)
+        matches = find_matches(rewritten, rule)
+        assert matches, f"{name} does not match {model.name} (after {[r['name'] for r in rewrites]})"
+        rewritten = simplify(apply_match(rewritten, matches[0]))
+        rewrites.append({"rule": rule.id, "name": rule.name, "reverse": False, "at": "", "params": {}})
     cluster_file = root / f"cpu-{ranks}.yaml"
     cluster_file.write_text(re.sub(r"devices: \d+", f"devices: {ranks}", spec.read_text()))
     cluster = load_cluster(cluster_file)
-    rewrite = {"rule": rule.id, "name": rule.name, "reverse": False, "at": "", "params": {}}
     out = []
-    for tag, pcg, rewrites in (("as-is", imported.pcg, ()),
-                               (rule_name, simplify(apply_match(imported.pcg, matches[0])), (rewrite,))):
+    for tag, pcg, applied in (("as-is", imported.pcg, ()), (rule_name, rewritten, tuple(rewrites))):
         base = baseline(pcg, cluster)
         views = default_views(base.pcg)
         plan = plan_of(imported, cluster, config, "unity", base.pcg, views,
-                       estimate(base.pcg, views, cluster, config), rewrites)
+                       estimate(base.pcg, views, cluster, config), applied)
         path = root / f"{make.__name__}-{width}-{tag}-{ranks}.json"
         plan.save(path)
         out.append(path)

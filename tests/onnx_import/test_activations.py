@@ -40,7 +40,8 @@ def _unary_fns(pcg) -> list[str]:
 def test_an_exports_gelu_is_one_op_and_computes_what_onnxruntime_does(tiny_models, where, name, kind):
     path = (tiny_models if where == "tiny" else EXPORTED_DIR) / name
     imported = import_model(path, ImportOptions())
-    assert imported.recognised == {kind: 2}                        # one per layer of the two
+    assert imported.recognised.get(kind) == 2                      # one per layer of the two
+    assert set(imported.recognised) <= {kind, "Reshape chain"}
     gelus = [n.name for _, n in imported.pcg if n.kind == OpKind.Unary and n.op.fn.startswith("Gelu")]
     assert all(gelus) and len(set(gelus)) == 2                    # named, each its own
     if name == "bert_tiny.onnx":   # after the module the written-out ops shared

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from models.families import bags, embeddings, family_plans, ffn, linears, qkv, torch_mlp, towers
+from models.families import bags, channels_last, embeddings, family_plans, ffn, linears, qkv, torch_mlp, towers
 from onnx import numpy_helper
 from runtime.mpirun import SPECS, run_json
 
@@ -29,6 +29,8 @@ CASES = [  # model, family instance, ranks
     (ffn, "matmul-add-relu-fused-batched", 3),
     (embeddings, "embedding-merge-3", 2),
     (embeddings, "embedding-merge-2", 3),
+    (channels_last, "relu-through-transpose-120+transpose-cancel-120", 2),
+    (channels_last, "transpose-cancel-around-relu-120+relu-through-transpose-120", 3),
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, RepartitionAttrs, ReplicateAttrs
+from .ops.shape_ops import ReshapeAttrs
 from .ops.sources import InputAttrs, WeightAttrs
 from .opspec import OpKind
 from .pcg import PCG, GraphBuilder, TensorRef
@@ -121,6 +122,36 @@ def fold_weight_concats(pcg: PCG) -> PCG:
         for k, o in enumerate(outs):
             remap[TensorRef(i, k)] = o
     return fold_weight_concats(prune(b.build([remap[r] for r in pcg.outputs])))   # a Concat of those, too
+
+
+def merge_reshapes(pcg: PCG) -> tuple[PCG, int]:
+    """Each ``Reshape`` of a ``Reshape`` reshapes the first one's input instead (row-major
+    reshapes compose: a chain is its last shape), and one to its input's own shape is
+    dropped (unless it is a graph output); returns the graph and how many Reshapes are
+    gone. A chain ``[B, S, D] -> [B*S, D] -> [B, S, D]`` kept only the batch dim's
+    splits through it; read as none, it keeps them all."""
+    b = GraphBuilder()
+    remap: dict[TensorRef, TensorRef] = {}
+    outputs = set(pcg.outputs)
+    merged = 0
+    for i, n in pcg:
+        ins = [remap[r] for r in n.inputs]
+        if n.kind == OpKind.Reshape:
+            src = b.nodes[ins[0].node]
+            if src.kind == OpKind.Reshape:
+                ins, merged = [src.inputs[0]], merged + 1
+            if b.shape(ins[0]).logical.dims == tuple(n.op.dims) and TensorRef(i, 0) not in outputs:
+                remap[TensorRef(i, 0)] = ins[0]
+                continue
+            remap[TensorRef(i, 0)] = b.add1(ReshapeAttrs(tuple(n.op.dims)), ins, n.name)
+            continue
+        outs = b.add(n.op, ins, n.name, outputs=n.outputs)
+        for k, o in enumerate(outs):
+            remap[TensorRef(i, k)] = o
+    if not merged and len(b.nodes) == len(pcg.nodes):
+        return pcg, 0
+    out = prune(b.build([remap[r] for r in pcg.outputs]))
+    return out, sum(n.kind == OpKind.Reshape for _, n in pcg) - sum(n.kind == OpKind.Reshape for _, n in out)
 
 
 def _changes(pcg: PCG) -> bool:

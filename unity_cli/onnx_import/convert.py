@@ -29,6 +29,7 @@ from ..errors import ModelError, ShapeError, UnityError, UnsupportedOpError
 from ..ir import PCG, DType, GraphBuilder, TensorRef, TensorShape
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import spec_for_onnx
+from ..ir.simplify import merge_reshapes
 from .activations import recognise
 from .load import check_names, check_opset, file_sha256, load_onnx, tensor_value
 from .node import OnnxInput, OnnxNode
@@ -280,7 +281,9 @@ class _Importer:
                     and o.name not in self.made:
                 raise ModelError(f"graph output {o.name!r} is never produced")
             outputs.append(self._ref(o.name))
-        pcg = self.builder.build(outputs)
+        pcg, reshapes = merge_reshapes(self.builder.build(outputs))
+        if reshapes:
+            self.recognised["Reshape chain"] += reshapes
         sha256 = self.sha256 or file_sha256(self.path)
         return ImportedModel(pcg, str(self.path), sha256, inputs,
                              [o.name for o in self.model.graph.output], self.constants, self.weights,

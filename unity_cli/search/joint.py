@@ -112,8 +112,9 @@ class JointSearch:
             # Any divisor of the device count (6 = 2 x 3, 48 = 8 x 6), never only powers of two.
             n = self.cluster.num_devices
             self.degrees = tuple(d for d in range(2, n + 1) if n % d == 0)
-        # Both directions, less those that only give graphs another gives (same hash).
-        kept = search_rules([(r, False) for r in self.rules] + [(r, True) for r in self.rules])
+        # Both directions (a one-way rule's reverse, which would match every graph it could
+        # only make slower, not), less those that only give graphs another gives (same hash).
+        kept = search_rules([(r, False) for r in self.rules] + [(r, True) for r in self.rules if not r.one_way])
         self._rules = [(r.reversed() if reverse else r, reverse) for r, reverse in kept]
         # The op kinds each source pattern needs: a rule whose kinds a graph lacks cannot match.
         self._kinds = [frozenset(n.kind for n in r.src.nodes) for r, _ in self._rules]

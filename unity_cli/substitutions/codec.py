@@ -188,12 +188,15 @@ def matches_attrs(node: PatternNode, attrs: Any, rank: int, binding: dict[str, i
 
 
 def instantiate(pattern: Pattern, b: GraphBuilder, inputs: Mapping[str, TensorRef],
-                binding: Mapping[str, int], names: Sequence[str] = (), root: str = "") -> list[TensorRef]:
+                binding: Mapping[str, int], names: Sequence[str] = (), root: str = "",
+                moved: Mapping[tuple, str] | None = None) -> list[TensorRef]:
     """Add a pattern's nodes to ``b`` over the given input tensors; returns its outputs.
 
     ``names``: the name of what each output replaces; a node making outputs takes theirs
     (joined by "+" when it makes several that had different names), one inside the
-    pattern ``root`` + "/" + its kind, so that a plan names what a rewrite made."""
+    pattern ``root`` + "/" + its kind, so that a plan names what a rewrite made.
+    ``moved`` (see :func:`moved_names`): where the pattern only reorders the source's
+    operators, each one's name by its kind and attributes; each keeps it."""
     env = dict(inputs)
     binding = bind_dims(pattern, binding, lambda t: b.shape(env[t]))
     made = {t: names[k] for k, t in enumerate(pattern.outputs) if k < len(names) and names[k]}
@@ -201,12 +204,25 @@ def instantiate(pattern: Pattern, b: GraphBuilder, inputs: Mapping[str, TensorRe
         refs = [env[t] for t in n.inputs]
         attrs = from_pattern(n, [b.shape(r) for r in refs], binding)
         mine = list(dict.fromkeys(made[t] for t in n.outputs if t in made))
-        name = "+".join(mine) if mine else (f"{root}/{n.kind}" if root else "")
+        name = (moved or {}).get((n.kind, n.attrs)) or \
+            ("+".join(mine) if mine else (f"{root}/{n.kind}" if root else ""))
         outs = b.add(attrs, refs, name)
         if len(outs) != len(n.outputs):
             raise ShapeError(f"{n.kind} makes {len(outs)} outputs, the pattern names {len(n.outputs)}")
         env.update(zip(n.outputs, outs, strict=True))
     return [env[t] for t in pattern.outputs]
+
+
+def moved_names(src: Pattern, dst: Pattern, names: Sequence[str]) -> dict[tuple, str]:
+    """Each source node's name (``names``, in pattern order) by its kind and attributes,
+    where the target is the source's operators reordered (one of each kind and attributes
+    on each side: a transpose moved through an activation); else nothing."""
+    def keys(p: Pattern) -> list[tuple]:
+        return [(n.kind, n.attrs) for n in p.nodes]
+    s, d = keys(src), keys(dst)
+    if len(set(s)) != len(s) or sorted(map(repr, s)) != sorted(map(repr, d)):
+        return {}
+    return {k: name for k, name in zip(s, names, strict=True) if name}
 
 
 def build_side(pattern: Pattern, input_shapes: Mapping[str, ParallelTensorShape],

@@ -15,8 +15,24 @@ number of equal parts); a constraint says so, so a graph with unequal parts does
 from __future__ import annotations
 
 from ..ir.ops.linear import FUSED_ACTIVATIONS
+from ..ir.ops.shape_ops import BATCH_SWAP, MAX_PERMUTED, all_perm_codes, code_perm, perm_code
 from ..ir.opspec import OpKind
-from .parallel_rules import Arg, Expr, add, concat, conv, gather, make_rule, matmul, op, output, split, transpose, unary
+from .parallel_rules import (
+    Arg,
+    Expr,
+    add,
+    binary,
+    concat,
+    conv,
+    gather,
+    make_rule,
+    matmul,
+    op,
+    output,
+    split,
+    transpose,
+    unary,
+)
 from .rule import Constraint, Rule
 
 MAX_ARITY = 8
@@ -207,6 +223,102 @@ def embedding_merge(n: int) -> Rule:
                          f"GroupedGather(Concat(T1..T{n}, rows), ids1..ids{n}): ids_k offset by the rows before T_k")
 
 
+def _tail(code: int) -> tuple[int, ...]:
+    """A permutation code's tail as a pattern writes it: negative axes of the dims it moves."""
+    perm = code_perm(code, len(str(code)))
+    return tuple(p - len(perm) for p in perm)
+
+
+def _inverse(tail: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(tail)
+    for j, p in enumerate(tail):
+        inv[p + len(tail)] = j - len(tail)
+    return tuple(inv)
+
+
+def permute(x: Arg, tail: tuple[int, ...]) -> Expr:
+    return op(OpKind.Transpose, x, perm=tail)
+
+
+def _after(first: tuple[int, ...], then: tuple[int, ...]) -> tuple[int, ...]:
+    """The tail of ``Transpose(Transpose(x, first), then)`` as one transpose; () if none."""
+    def full(tail: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(range(MAX_PERMUTED - len(tail))) + tuple(p + MAX_PERMUTED for p in tail)
+    a, b = full(first), full(then)
+    code = perm_code(tuple(a[q] for q in b))   # output dim i is x's dim a[b[i]]
+    return _tail(code) if code else ()
+
+
+LAYOUT_UNARY = ("Relu", "Sigmoid", "Tanh")
+"""Activations a transpose is moved through (each commutes with any permutation)."""
+
+
+def layout_rules() -> list[Rule]:
+    """Transposes of up to 4 trailing dims (attention's ``[0, 2, 1, 3]``, a channels-last
+    model's ``[0, 3, 1, 2]`` and ``[0, 2, 3, 1]``), for each such permutation ``p``:
+
+    * a transpose undone by its inverse is nothing (``transpose-cancel``), and one followed
+      or preceded by the last-two swap (``k.transpose(-1, -2)``) is one transpose
+      (``transpose-swap-after``/``-before``; one way: read backwards, every transpose
+      would become two);
+    * an activation, and the sum or product of two operands transposed alike, is the
+      transposed activation, sum or product (``*-through-transpose``): moved so, a
+      transpose can meet the one that undoes it; and where it is undone right after the
+      activation (a converter's channels-last network), the three or four operators are
+      the activation alone (``transpose-cancel-around-*``), one step that the search sees
+      gain at once;
+    * a batched product of two operands whose batch dims are permuted alike is the
+      permuted product (``matmul-through-batch-transpose``).
+
+    The last-two swap's own versions of the moves are the generator's rules."""
+    out = []
+    swap = (-1, -2)
+    for code in all_perm_codes():
+        p = _tail(code)
+        out.append(make_rule(f"transpose-cancel-{code}", ("x",), permute(permute("x", p), _inverse(p)), "x",
+                             params=(), doc=f"Transpose(Transpose(x, {list(p)}), {list(_inverse(p))}) = x"))
+        if p == swap:
+            continue
+        for name, first, then in (("after", p, swap), ("before", swap, p)):
+            one = _after(first, then)
+            if one:
+                out.append(_one_way(make_rule(
+                    f"transpose-swap-{name}-{code}", ("x",), permute(permute("x", first), then),
+                    permute("x", one), params=(),
+                    doc=f"Transpose(Transpose(x, {list(first)}), {list(then)}) = Transpose(x, {list(one)})")))
+        q = _inverse(p)
+        for fn in LAYOUT_UNARY:
+            out.append(make_rule(f"{fn.lower()}-through-transpose-{code}", ("x",), unary(fn, permute("x", p)),
+                                 permute(unary(fn, "x"), p), params=(),
+                                 doc=f"{fn}(Transpose(x, {list(p)})) = Transpose({fn}(x), {list(p)})"))
+            out.append(make_rule(f"transpose-cancel-around-{fn.lower()}-{code}", ("x",),
+                                 permute(unary(fn, permute("x", p)), q), unary(fn, "x"), params=(),
+                                 doc=f"Transpose({fn}(Transpose(x, {list(p)})), {list(q)}) = {fn}(x)"))
+        same = [Constraint("EQUAL", ("shape", "a"), ("shape", "b"))]
+        for fn in ("Add", "Mul"):
+            out.append(make_rule(f"{fn.lower()}-through-transpose-{code}", ("a", "b"),
+                                 binary(fn, permute("a", p), permute("b", p)), permute(binary(fn, "a", "b"), p),
+                                 params=(), constraints=same,
+                                 doc=f"{fn}(Transpose(a, {list(p)}), Transpose(b, {list(p)})) = "
+                                     f"Transpose({fn}(a, b), {list(p)})"))
+            out.append(make_rule(f"transpose-cancel-around-{fn.lower()}-{code}", ("a", "b"),
+                                 permute(binary(fn, permute("a", p), permute("b", p)), q), binary(fn, "a", "b"),
+                                 params=(), constraints=same,
+                                 doc=f"Transpose({fn}(Transpose(a, {list(p)}), Transpose(b, {list(p)})), {list(q)}) "
+                                     f"= {fn}(a, b)"))
+    p = _tail(BATCH_SWAP)
+    out.append(make_rule(f"matmul-through-batch-transpose-{BATCH_SWAP}", ("a", "b"),
+                         matmul(permute("a", p), permute("b", p)), permute(matmul("a", "b"), p), params=(),
+                         constraints=[Constraint("EQUAL", ("rank", t), 4) for t in ("a", "b")],
+                         doc=f"MatMul(Transpose(a, {list(p)}), Transpose(b, {list(p)})) = "
+                             f"Transpose(MatMul(a, b), {list(p)})"))
+    return out
+
+
+def _one_way(r: Rule) -> Rule:
+    return Rule(r.inputs, r.params, r.src, r.dst, r.constraints, r.name, {**r.meta, "one_way": True})
+
+
 def family_rules() -> list[Rule]:
     """Every instance of every family, in a fixed order."""
     out = gemm_rules() + fused_activation_rules()
@@ -217,6 +329,7 @@ def family_rules() -> list[Rule]:
     out += [sibling_convs(n, k, p) for k, p in SIBLING_CONVS for n in range(2, MAX_SIBLINGS + 1)]
     out += batched_fused_activation_rules()
     out += [embedding_merge(n) for n in range(2, MAX_ARITY + 1)]
+    out += layout_rules()
     return [_tagged(r) for r in out]
 
 

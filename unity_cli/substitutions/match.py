@@ -18,7 +18,7 @@ from ..errors import ShapeError
 from ..ir.pcg import PCG, GraphBuilder, TensorRef
 from ..ir.simplify import prune
 from ..ir.validate import problems
-from .codec import instantiate, matches_attrs
+from .codec import instantiate, matches_attrs, moved_names
 from .rule import Constraint, Param, Rule
 
 MAX_TRIES = 256
@@ -354,7 +354,8 @@ def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, che
             if k == "dst":
                 # (its outputs have the source's shapes: _check_target saw the same inputs)
                 outs = instantiate(m.rule.dst, b, {t: remap[r] for t, r in inputs.items()}, binding,
-                                   [pcg.nodes[r.node].name for r in src_outs], pcg.nodes[m.root].name)
+                                   [pcg.nodes[r.node].name for r in src_outs], pcg.nodes[m.root].name,
+                                   moved_names(m.rule.src, m.rule.dst, [pcg.nodes[i].name for i in m.nodes]))
                 remap.update(zip(src_outs, outs, strict=True))
             else:
                 n = pcg.nodes[k]

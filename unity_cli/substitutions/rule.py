@@ -108,6 +108,12 @@ class Rule:
         return any(n.kind in PARALLEL_KINDS for n in self.src.nodes + self.dst.nodes)
 
     @property
+    def one_way(self) -> bool:
+        """Whether the search applies it left to right only: read backwards it would match
+        every tensor it can make (a transpose becomes two), and only ever cost."""
+        return bool(self.meta.get("one_way"))
+
+    @property
     def is_fusion(self) -> bool:
         """Whether it fuses an activation into its product, or undoes that: it saves launches
         and takes away the product's split along its contracted dim."""

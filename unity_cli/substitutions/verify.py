@@ -289,7 +289,12 @@ def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensor
                     1: (n, n // groups) + tuple(kernel), 2: (n,)}[pos]
             return ParallelTensorShape.unpartitioned(TensorShape(dims))
     rank = next((c.rhs for c in rule.constraints if c.kind == "EQUAL" and c.lhs == ("rank", name)
-                 and isinstance(c.rhs, int) and c.rhs >= 1), len(base))
+                 and isinstance(c.rhs, int) and c.rhs >= 1), None)
+    moved = max((len(n.attr("perm")) for n in rule.src.nodes + rule.dst.nodes
+                 if n.kind == OpKind.Transpose and name in n.inputs), default=0)
+    if rank is None and moved > 2:   # a transpose of 3 or 4 dims: sizes all different
+        return ParallelTensorShape.unpartitioned(TensorShape(tuple(range(2, 2 + max(moved, len(base))))))
+    rank = rank or len(base)
     dims = (2,) * (rank - len(base)) + base[-rank:] if rank > len(base) else base[len(base) - rank:]
     return ParallelTensorShape.unpartitioned(TensorShape(dims))   # of the rank a constraint asks
 

@@ -15,6 +15,7 @@ from ..shapes import TensorShape
 from ..terms import Axiom, Law, Symbol, need
 from .common import broadcast_dims, need_inputs, streaming_cost
 from .elementwise import UnaryAttrs
+from .shape_ops import BATCH_SWAP
 from .unary import UNARY, term
 
 
@@ -234,6 +235,10 @@ class MatMul(OpSpec):
         Axiom("matmul-concat-cols", lambda s, v: Law(
             s.matmul(v.a, s.concat(-1, v.n1, v.n2, v.b, v.c)),
             s.concat(-1, v.n1, v.n2, s.matmul(v.a, v.b), s.matmul(v.a, v.c)))),
+        # a permutation of the batch dims alone (of up to 4 dims, there is one: 1023) commutes
+        # with the product; one way, since a permuted matrix on the right must be batched
+        Axiom("matmul-permute-batch", lambda s, v: Law(s.matmul(s.permute(v.k, v.a), s.permute(v.k, v.b)),
+                                                       s.permute(v.k, s.matmul(v.a, v.b)), v.k == BATCH_SWAP, False)),
         Axiom("matmul-concat-batch", lambda s, v: Law(
             s.matmul(s.concat(v.ax, v.n1, v.n2, v.a, v.b), s.concat(v.ax, v.n1, v.n2, v.c, v.d)),
             s.concat(v.ax, v.n1, v.n2, s.matmul(v.a, v.c), s.matmul(v.b, v.d)), v.ax <= -3, False)),

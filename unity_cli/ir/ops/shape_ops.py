@@ -5,10 +5,12 @@ shapes, axes, slice bounds) become attributes at import.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import ModelError, ShapeError
 from ..kernel import Kernel, unbroadcast
@@ -228,6 +230,83 @@ def _transpose_meaning(run, x):
     return run(TransposeAttrs(tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)), x)[0]
 
 
+# A permutation of a tensor's trailing dims, as the verifier writes it: ``permute(code, x)``.
+# The code lists, in decimal digits, the source dim of each of the last L dims counted from
+# the first moved one (a tail starts where the permutation first moves a dim, so its first
+# digit is never 0): ``[0, 2, 1, 3]`` moves the last three dims as (1, 0, 2), code 102, and
+# applies to any tensor of rank 3 or more. The last-two swap (code 10) keeps its own
+# symbol, ``transpose``, which the older laws are written in.
+MAX_PERMUTED = 4
+"""Most trailing dims a verifier's permutation moves (codes of up to 4 digits)."""
+SWAP = 10
+BATCH_SWAP = 1023
+"""The one code of up to 4 dims that keeps the last two where they are (it swaps two batch dims)."""
+
+
+def perm_code(perm: Sequence[int]) -> int:
+    """The code of a permutation of all dims of a tensor: 0 for the identity, else its tail's
+    digits; ValueError past :data:`MAX_PERMUTED` dims."""
+    r, i = len(perm), 0
+    while i < r and perm[i] == i:
+        i += 1
+    tail = [p - i for p in perm[i:]]
+    if len(tail) > MAX_PERMUTED:
+        raise ValueError(f"a permutation moving {len(tail)} dims")
+    return int("".join(map(str, tail))) if tail else 0
+
+
+def code_perm(code: int, rank: int) -> tuple[int, ...]:
+    """The permutation of all ``rank`` dims that ``code`` stands for (see :func:`perm_code`)."""
+    tail = [int(c) for c in str(code)] if code else []
+    need(len(tail) <= rank and sorted(tail) == list(range(len(tail))) and (not tail or tail[0] != 0),
+         f"permutation code {code} of a rank-{rank} tensor")
+    lead = rank - len(tail)
+    return tuple(range(lead)) + tuple(lead + t for t in tail)
+
+
+def all_perm_codes(dims: int = MAX_PERMUTED) -> tuple[int, ...]:
+    """Every non-identity permutation code moving at most ``dims`` trailing dims, shortest first."""
+    return tuple(perm_code(p) for n in range(2, dims + 1) for p in itertools.permutations(range(n)) if p[0] != 0)
+
+
+def inverse_code(code: int) -> int:
+    """The code of the permutation that undoes ``code``'s."""
+    perm = code_perm(code, len(str(code)))
+    inv = [0] * len(perm)
+    for j, p in enumerate(perm):
+        inv[p] = j
+    return perm_code(inv)
+
+
+def _undoes(j, k):
+    """The guard ``permute(j, permute(k, x)) = x``: the pair is one of the finitely many
+    (code, inverse) pairs (the last-two swap is ``transpose``'s own law)."""
+    pairs = [(inverse_code(c), c) for c in all_perm_codes() if c != SWAP]
+    return functools.reduce(lambda acc, e: acc | e, [(j == a) & (k == b) for a, b in pairs])
+
+
+def _permute_meaning(run, code, x):
+    return run(TransposeAttrs(code_perm(code, x.ndim)), x)[0]
+
+
+def permuted(s, x, rank: int) -> tuple[tuple[int, ...], Any]:
+    """``(perm, base)`` with the term ``x`` = ``base`` permuted by ``perm`` (of all ``rank``
+    dims), peeling the permutations on top of it."""
+    perm: tuple[int, ...] = tuple(range(rank))
+    while x.num_args() and x.decl() in (s.transpose, s.permute):
+        inner = code_perm(SWAP if x.decl() == s.transpose else x.arg(0).as_long(), rank)
+        perm = tuple(inner[p] for p in perm)     # transpose(transpose(y, inner), perm)
+        x = x.arg(x.num_args() - 1)
+    return perm, x
+
+
+def permute_term(s, perm: Sequence[int], x):
+    """The term of ``x`` permuted by ``perm`` (all its dims): ``x`` itself for the identity,
+    ``transpose`` for the last-two swap, ``permute`` otherwise."""
+    code = perm_code(perm)
+    return x if code == 0 else s.transpose(x) if code == SWAP else s.permute(code, x)
+
+
 def _axis_from_end(ax: int, x) -> int:
     need(-x.ndim <= ax <= -1, f"axis {ax} of a rank-{x.ndim} tensor")
     return x.ndim + ax
@@ -279,14 +358,17 @@ class Transpose(OpSpec):
         return _copy_cost(inputs, outputs)
 
     def encode(self, s, attrs, x, ins, outs):
-        perm, r = tuple(attrs.perm), len(attrs.perm)
-        if perm == tuple(range(r)):
-            return [x[0]]
-        if r >= 2 and perm == tuple(range(r - 2)) + (r - 1, r - 2):
-            return [s.transpose(x[0])]
-        return None
+        """A transpose of a permuted term is one permutation of its base: composing them
+        here is what the kernels do (``transpose(transpose(y, p), q) = transpose(y, p[q])``),
+        so a pair that cancels is the base itself."""
+        inner, base = permuted(s, x[0], len(attrs.perm))
+        try:
+            return [permute_term(s, tuple(inner[q] for q in attrs.perm), base)]
+        except ValueError:
+            return None    # moves more dims than a code has digits for
 
-    symbols = (Symbol("transpose", ("T",), _transpose_meaning),)   # of the last two dims
+    symbols = (Symbol("transpose", ("T",), _transpose_meaning),    # of the last two dims
+               Symbol("permute", ("I", "T"), _permute_meaning))    # of the last dims a code names
     axioms = (
         Axiom("transpose-transpose", lambda s, v: Law(s.transpose(s.transpose(v.x)), v.x)),
         Axiom("transpose-matmul", lambda s, v: Law(s.transpose(s.matmul(v.a, v.b)),
@@ -307,6 +389,17 @@ class Transpose(OpSpec):
         Axiom("transpose-concat-batch", lambda s, v: Law(
             s.transpose(s.concat(v.ax, v.n1, v.n2, v.a, v.b)),
             s.concat(v.ax, v.n1, v.n2, s.transpose(v.a), s.transpose(v.b)), v.ax <= -3)),
+        Axiom("permute-inverse", lambda s, v: Law(s.permute(v.j, s.permute(v.k, v.x)), v.x, _undoes(v.j, v.k),
+                                                  two_way=False)),
+        # Elementwise functions commute with any permutation.
+        Axiom("permute-relu", lambda s, v: Law(s.permute(v.k, s.relu(v.x)), s.relu(s.permute(v.k, v.x)))),
+        Axiom("permute-ew", lambda s, v: Law(s.permute(v.k, s.ew(v.j, v.x)), s.ew(v.j, s.permute(v.k, v.x)))),
+        Axiom("permute-scale", lambda s, v: Law(s.permute(v.k, s.scale(v.j, v.x)),
+                                                s.scale(v.j, s.permute(v.k, v.x)))),
+        Axiom("permute-add", lambda s, v: Law(s.permute(v.k, s.add(v.a, v.b)),
+                                              s.add(s.permute(v.k, v.a), s.permute(v.k, v.b)))),
+        Axiom("permute-mul", lambda s, v: Law(s.permute(v.k, s.mul(v.a, v.b)),
+                                              s.mul(s.permute(v.k, v.a), s.permute(v.k, v.b)))),
     )
 
 
