@@ -158,6 +158,10 @@ def _wrong_variants():
         "x", ("x",), unary("Relu", permute("x", p)), permute(unary("Sigmoid", "x"), p), params=())
     yield "sum of operands transposed differently", make_rule(
         "x", ("a", "b"), add(permute("a", p), permute("b", p)), permute(add("a", "b"), q), params=())
+    sm = dict(log=False, flatten=False)
+    yield "softmax moved through a transpose over the same axis rather than the moved one", make_rule(
+        "x", ("x",), op(OpKind.Softmax, permute("x", p), axis=-1, **sm),
+        permute(op(OpKind.Softmax, "x", axis=-1, **sm), p), params=())
     ranked = [Constraint("EQUAL", ("rank", t), 4) for t in ("a", "b")]
     yield "batched product through a transpose that moves its matrix dims", make_rule(
         "x", ("a", "b"), matmul(permute("a", (-3, -4, -1, -2)), permute("b", (-3, -4, -1, -2))),
@@ -177,6 +181,7 @@ def test_known_wrong_variants_are_rejected(what, rule):
 @pytest.mark.parametrize("what", ["concat-linear, blocks in the wrong order", "embedding merge, ids swapped",
                                   "embedding merge, tables of unequal rows offset in the wrong order",
                                   "activation moved through a transpose, changed on the way",
+                                  "softmax moved through a transpose over the same axis rather than the moved one",
                                   "batched product through a transpose that moves its matrix dims"])
 def test_a_wrong_variant_that_only_z3_can_see_is_rejected(monkeypatch, what):
     """With the numeric check skipped, the proof alone rejects a wrong rule (z3 is not a
@@ -404,16 +409,18 @@ def test_every_transpose_of_up_to_4_dims_has_its_layout_rules():
     """For each of the 23 permutations that move 2 to 4 trailing dims: the pair that undoes
     it; for the 22 besides the last-two swap (whose are the generator's), the moves through
     activations, sums and products, the pair undone around them, and the compositions with
-    the last-two swap (one way); the batch-swap product."""
+    the last-two swap (one way); for all 23, a softmax over the last dim moved through, and
+    undone around one; the batch-swap product."""
     names = [r.name for r in layout_rules()]
     assert len(names) == len(set(names))
     cancels = [r for r in layout_rules() if r.name.startswith("transpose-cancel-") and "around" not in r.name]
     assert len(cancels) == 23 and all(not r.dst.nodes for r in cancels)
-    assert sum("cancel-around" in n for n in names) == 22 * 5     # Relu, Sigmoid, Tanh, Add, Mul
+    assert sum("cancel-around" in n for n in names) == 22 * 5 + 23    # Relu, Sigmoid, Tanh, Add, Mul; Softmax
     assert all(r.one_way for r in layout_rules() if r.name.startswith("transpose-swap-"))
     assert not any(r.one_way for r in layout_rules() if not r.name.startswith("transpose-swap-"))
     assert {"relu-through-transpose-120", "add-through-transpose-1203", "transpose-swap-after-102",
-            "matmul-through-batch-transpose-1023"} <= set(names)
+            "matmul-through-batch-transpose-1023", "softmax-through-transpose-10",
+            "transpose-cancel-around-softmax-2301"} <= set(names)
 
 
 def test_a_channels_last_network_sheds_its_transpose_pairs(tmp_path, cluster_dir):
@@ -448,3 +455,26 @@ def test_a_channels_last_network_sheds_its_transpose_pairs(tmp_path, cluster_dir
     _rewrites_preserve_values(pcg, around, 2)
     unity, alone = res.candidates["unity"].report.step_time, res.candidates["parallel_only"].report.step_time
     assert unity < alone * 0.9, (unity, alone)
+
+
+def test_a_softmax_between_a_transpose_and_its_inverse_is_the_softmax_over_the_moved_axis(tmp_path):
+    """Scores computed channels-last, normalized over the last dim, transposed back: one
+    softmax over the dim the transpose had put last; values kept (onnx -> imported graph)."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.standard_normal((5, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Softmax", ["t"], ["s"], axis=-1),
+             helper.make_node("Transpose", ["s"], ["u"], perm=[0, 3, 1, 2]),
+             helper.make_node("MatMul", ["u", "w"], ["y"])]
+    g = helper.make_graph(nodes, "sm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 6, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 6, 3])], [w])
+    path = tmp_path / "sm.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    pcg = import_model(path, ImportOptions()).pcg
+    rule = next(r for r in FAMILY_RULES if r.name == "transpose-cancel-around-softmax-120")
+    _rewrites_preserve_values(pcg, rule, 1)
+    new = apply_match(pcg, find_matches(pcg, rule)[0])
+    (sm,) = [n for _, n in new if n.kind == OpKind.Softmax]
+    assert sm.op.axis == 1 and not any(n.kind == OpKind.Transpose for _, n in new)
+    through = next(r for r in FAMILY_RULES if r.name == "softmax-through-transpose-120")
+    _rewrites_preserve_values(pcg, through, 1)

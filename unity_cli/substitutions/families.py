@@ -267,6 +267,9 @@ def layout_rules() -> list[Rule]:
       activation (a converter's channels-last network), the three or four operators are
       the activation alone (``transpose-cancel-around-*``), one step that the search sees
       gain at once;
+    * a softmax over the last dim of a transpose is the transposed softmax over the dim the
+      transpose puts last (``softmax-through-transpose``), and undone right after, the
+      softmax alone (``transpose-cancel-around-softmax``);
     * a batched product of two operands whose batch dims are permuted alike is the
       permuted product (``matmul-through-batch-transpose``).
 
@@ -306,6 +309,16 @@ def layout_rules() -> list[Rule]:
                                  params=(), constraints=same,
                                  doc=f"Transpose({fn}(Transpose(a, {list(p)}), Transpose(b, {list(p)})), {list(q)}) "
                                      f"= {fn}(a, b)"))
+    for code in all_perm_codes():     # a softmax over the last dim, the swap's too
+        p = _tail(code)
+        t = p[-1]    # the dim the transpose puts last
+        out.append(make_rule(f"softmax-through-transpose-{code}", ("x",), softmax(permute("x", p), -1),
+                             permute(softmax("x", t), p), params=(),
+                             doc=f"Softmax(Transpose(x, {list(p)}), -1) = Transpose(Softmax(x, {t}), {list(p)})"))
+        out.append(make_rule(f"transpose-cancel-around-softmax-{code}", ("x",),
+                             permute(softmax(permute("x", p), -1), _inverse(p)), softmax("x", t), params=(),
+                             doc=f"Transpose(Softmax(Transpose(x, {list(p)}), -1), {list(_inverse(p))}) "
+                                 f"= Softmax(x, {t})"))
     p = _tail(BATCH_SWAP)
     out.append(make_rule(f"matmul-through-batch-transpose-{BATCH_SWAP}", ("a", "b"),
                          matmul(permute("a", p), permute("b", p)), permute(matmul("a", "b"), p), params=(),
@@ -313,6 +326,10 @@ def layout_rules() -> list[Rule]:
                          doc=f"MatMul(Transpose(a, {list(p)}), Transpose(b, {list(p)})) = "
                              f"Transpose(MatMul(a, b), {list(p)})"))
     return out
+
+
+def softmax(x: Arg, axis: int) -> Expr:
+    return op(OpKind.Softmax, x, axis=axis, log=False, flatten=False)
 
 
 def _one_way(r: Rule) -> Rule:

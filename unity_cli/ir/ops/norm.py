@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from ...errors import ShapeError
 from ..kernel import Kernel, first_extremum, unbroadcast
 from ..opspec import WHOLE, Imported, Opaque, OpKind, OpSpec, register
+from ..terms import Axiom, Law, Symbol, need
 from .common import need_inputs, norm_axis, streaming_cost
+from .shape_ops import MAX_PERMUTED, SWAP, all_perm_codes, code_perm
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,12 +271,45 @@ class _Normalizing(OpSpec):
         return (tuple(WHOLE if d in norm else d for d in range(inputs[0].rank)),)
 
 
+def _softmax_meaning(run, ax, x):
+    need(-x.ndim <= ax <= -1, f"softmax over axis {ax} of a rank-{x.ndim} tensor")
+    return run(SoftmaxAttrs(x.ndim + ax), x)[0]
+
+
+def _moved_axis(code: int, ax: int, rank: int = MAX_PERMUTED) -> int:
+    """Where dim ``ax`` (from the end) of a tensor is after the permutation ``code``."""
+    perm = code_perm(code, rank)
+    return perm.index(rank + ax) - rank
+
+
+def _softmax_permute_axioms() -> tuple[Axiom, ...]:
+    """A softmax over the place a permutation puts dim ``ax`` of ``x`` is the permuted
+    ``softmax(ax, x)``: one law per permutation code and axis (-1 to -4), since that place
+    is a table, not arithmetic z3 could match on (the last-two swap is ``transpose``)."""
+    out = []
+    for code in all_perm_codes():
+        for ax in range(-MAX_PERMUTED, 0):
+            to = _moved_axis(code, ax)
+            out.append(Axiom(f"softmax-permute-{code}-{-ax}", _softmax_law(code, to, ax)))
+    return tuple(out)
+
+
+def _softmax_law(code: int, to: int, ax: int):
+    def law(s, v):
+        def moved(t):
+            return s.transpose(t) if code == SWAP else s.permute(code, t)
+        return Law(s.softmax(to, moved(v.x)), moved(s.softmax(ax, v.x)))
+    return law
+
+
 @register
 class Softmax(_Normalizing):
+    """Encoded for the verifier only as a plain softmax over one axis (``softmax(ax, x)``,
+    ``ax`` from the end): its laws say a permutation of the dims moves the axis with it.
+    LogSoftmax and a flattened softmax stay opaque."""
+
     kind = OpKind.Softmax
     kernel = Kernel(softmax_forward, softmax_backward)
-    verifier = Opaque("a normalization along one dim: its axioms (commuting with splits of the other dims) "
-                      "are not written yet")
     attrs_type = SoftmaxAttrs
     onnx_ops = ("Softmax", "LogSoftmax")
 
@@ -284,6 +319,12 @@ class Softmax(_Normalizing):
 
     def cost(self, attrs, inputs, outputs):
         return streaming_cost(inputs, outputs, 10)
+
+    def encode(self, s, attrs, x, ins, outs):
+        return None if attrs.log or attrs.flatten else [s.softmax(attrs.axis - ins[0].rank, x[0])]
+
+    symbols = (Symbol("softmax", ("I", "T"), _softmax_meaning),)
+    axioms = _softmax_permute_axioms()
 
 
 @register
