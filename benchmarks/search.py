@@ -42,6 +42,7 @@ def main() -> None:
                     "as unity optimize: the search stops by its work count)")
     ap.add_argument("--devices", default="8,32,192")
     ap.add_argument("--models", choices=["shared", "all"], default="shared")
+    ap.add_argument("--only", nargs="+", metavar="TEXT", help="only the models whose label contains one of these")
     args = ap.parse_args()
     rules = load_cache().rules
     config = CostConfig()
@@ -53,6 +54,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         groups = dict(shared=64, exported=64, zoo=192) if args.models == "all" else dict(exported=None, zoo=None)
         for label, path, batch in models(Path(d), **({"shared": 64} | groups)):
+            if args.only and not any(t in label for t in args.only):
+                continue
             for n in (int(x) for x in args.devices.split(",")):
                 cluster = cluster_for(n)
                 pcg = import_model(path, ImportOptions(batch)).pcg

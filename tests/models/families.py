@@ -125,6 +125,31 @@ def towers(path: Path, width: int = 8) -> Path:
     return path
 
 
+def reductions(path: Path, width: int = 8) -> Path:
+    """An Inception module's reductions as they are: three 1x1 convolutions of one image of
+    unequal widths (1, 1 and a half of ``width``), each with its ReLU, concatenated along
+    the channels, pooled and classified."""
+    rng = np.random.default_rng(6)
+    c, hw = width, 8
+    widths = (c, c, max(1, c // 2))
+    inits = [numpy_helper.from_array((rng.standard_normal((w, c, 1, 1)) * 0.4).astype(np.float32), f"w{k}")
+             for k, w in enumerate(widths)]
+    inits.append(numpy_helper.from_array((rng.standard_normal((sum(widths), 4)) * 0.4).astype(np.float32), "wo"))
+    conv = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "strides": [1, 1]}
+    nodes = []
+    for k in range(len(widths)):
+        nodes += [helper.make_node("Conv", ["x", f"w{k}"], [f"c{k}"], name=f"branch{k}_1x1", **conv),
+                  helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"branch{k}_relu")]
+    nodes += [helper.make_node("Concat", [f"r{k}" for k in range(len(widths))], ["s"], axis=1),
+              helper.make_node("GlobalAveragePool", ["s"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+              helper.make_node(MM, ["f", "wo"], ["y"])]
+    g = helper.make_graph(nodes, path.stem,
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", c, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def channels_last(path: Path, width: int = 8) -> Path:
     """A channels-last (NHWC) network as a TensorFlow converter writes it: each convolution
     between a transpose to NCHW and one back, its activation applied channels-last, so

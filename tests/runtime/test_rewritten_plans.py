@@ -10,7 +10,18 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from models.families import bags, channels_last, embeddings, family_plans, ffn, linears, qkv, torch_mlp, towers
+from models.families import (
+    bags,
+    channels_last,
+    embeddings,
+    family_plans,
+    ffn,
+    linears,
+    qkv,
+    reductions,
+    torch_mlp,
+    towers,
+)
 from onnx import numpy_helper
 from runtime.mpirun import SPECS, run_json
 
@@ -29,6 +40,8 @@ CASES = [  # model, family instance, ranks
     (ffn, "matmul-add-relu-fused-batched", 3),
     (embeddings, "embedding-merge-3", 2),
     (embeddings, "embedding-merge-2", 3),
+    (reductions, "sibling-conv1x1-uneven-3", 2),
+    (reductions, "sibling-conv1x1-uneven-2", 3),
     (channels_last, "relu-through-transpose-120+transpose-cancel-120", 2),
     (channels_last, "transpose-cancel-around-relu-120+relu-through-transpose-120", 3),
 ]

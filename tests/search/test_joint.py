@@ -267,3 +267,27 @@ def test_activations_fuse_where_the_solver_parallelizes_them_so(monkeypatch):
     monkeypatch.setattr(opt, "fuse_solved", lambda *args: None)   # the pass finds nothing
     without, _ = unity()
     assert fused < without * (1 - 1e-6)
+
+
+def test_uneven_sibling_fusions_are_kept_only_where_device_groups_price_them_faster(tmp_path, cluster_dir, rules):
+    """Sibling fusions of unequal widths are priced only with device groups (after the walk
+    and the polish): where one pays so (three reductions, 256/256/128 channels), unity takes
+    it and is faster than without those rules; where it does not (Inception-tiny's dynamo
+    export at 32 GPUs: flat, the fused triple looked best, grouped it ran 28 % slower than
+    the equal pair it hid), unity's plan is the one it finds without them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from models.catalog import EXPORTED_DIR
+    from models.families import reductions
+
+    without = [r for r in rules if not r.grouped_only]
+    assert 0 < len(rules) - len(without) <= 12
+    a100 = load_cluster(cluster_dir / "dgx-a100-8.yaml")
+    pcg = import_model(reductions(tmp_path / "r.onnx", 256), ImportOptions(batch_size=64)).pcg
+    got, plain = (optimize(pcg, a100, CostConfig(), "unity", rs) for rs in (rules, without))
+    assert [a.rule_name for a in got.rewrites] == ["sibling-conv1x1-uneven-3"]
+    assert got.chosen.report.step_time < plain.chosen.report.step_time
+    inception = import_model(EXPORTED_DIR / "inception_tiny_dynamo.onnx", ImportOptions()).pcg
+    a100x32 = load_cluster(cluster_dir / "dgx-a100-32.yaml")
+    got, plain = (optimize(inception, a100x32, CostConfig(), "unity", rs) for rs in (rules, without))
+    assert got.chosen.report.step_time == plain.chosen.report.step_time
+    assert not any(r.rule_name.endswith(("uneven-2", "uneven-3")) for r in got.rewrites)

@@ -38,6 +38,7 @@ from unity_cli.substitutions.parallel_rules import (
     output,
     relu,
     split,
+    split_as,
     transpose,
     unary,
 )
@@ -88,6 +89,19 @@ def _wrong_variants():
     yield "sibling matmuls, weights stacked by rows", make_rule(
         "x", ("x", "W1", "W2"), [matmul("x", "W1"), matmul("x", "W2")],
         split(matmul("x", concat("W1", "W2", axis=-2)), -1, 2), params=(), constraints=_equal(["W1", "W2"], -1))
+    yield "sibling matmuls, split back into the widths in the wrong order", make_rule(
+        "x", ("x", "W1", "W2"), [matmul("x", "W1"), matmul("x", "W2")],
+        split_as(matmul("x", concat("W1", "W2", axis=-1)), -1, [("W2", -1), ("W1", -1)]), params=())
+    yield "sibling convs, split back into the widths in the wrong order", make_rule(
+        "x", ("x", "W1", "W2"), [conv("x", w_, (1, 1), (0, 0, 0, 0)) for w_ in ("W1", "W2")],
+        split_as(conv("x", concat("W1", "W2", axis=-4), (1, 1), (0, 0, 0, 0)), -3, [("W2", -4), ("W1", -4)]),
+        params=())
+    yield "sibling gemms, split back into the widths in the wrong order", make_rule(
+        "x", ("x", "Wt1", "Wt2", "b1", "b2"),
+        [gemm("x", "Wt1", "b1", trans_b=True), gemm("x", "Wt2", "b2", trans_b=True)],
+        split_as(gemm("x", concat("Wt1", "Wt2", axis=-2), concat("b1", "b2", axis=-1), trans_b=True), -1,
+                 [("Wt2", -2), ("Wt1", -2)]), params=(),
+        constraints=[Constraint("EQUAL", ("rank", b), 1) for b in ("b1", "b2")])
     yield "sibling gemms, biases in the wrong order", make_rule(
         "x", ("x", "Wt1", "Wt2", "b1", "b2"),
         [gemm("x", "Wt1", "b1", trans_b=True), gemm("x", "Wt2", "b2", trans_b=True)],
@@ -237,14 +251,16 @@ def test_a_layer_over_embedding_bags_splits_over_them():
     assert not find_matches(pcg, concat_linear(2)) and not find_matches(pcg, concat_linear(4))
 
 
-def test_inception_fuses_its_equal_1x1_reductions():
-    """Inception-v3's modules reduce one input with several 1x1 convolutions; those of equal
-    width fuse into one (a 48-wide one beside two 64-wide ones stays apart). Three modules
-    have such a pair; in Mixed_6b the first 1x1 conv of its input is of another width, and
-    the match backs out of it to find the pair (7x7's and 7x7dbl's reductions)."""
+def test_inception_fuses_its_1x1_reductions_of_any_widths():
+    """Inception-v3's modules reduce one input with several 1x1 convolutions of unequal
+    widths (a 48-wide one beside two 64-wide ones): any of them fuse into one, split back
+    into their widths, and the values stay."""
     pcg = import_model_proto_of("inception-v3")
-    _rewrites_preserve_values(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0)), 3)
-    assert not find_matches(pcg, sibling_convs(3, (1, 1), (0, 0, 0, 0)))
+    triple = sibling_convs(3, (1, 1), (0, 0, 0, 0), uneven=True)
+    assert triple.grouped_only and not sibling_convs(3, (1, 1), (0, 0, 0, 0)).grouped_only
+    widths = {n.op.sizes for m in find_matches(pcg, triple) for _, n in apply_match(pcg, m) if n.kind == OpKind.Split}
+    assert any(len(set(w)) > 1 for w in widths), widths            # unequal parts
+    _rewrites_preserve_values(pcg, triple, 3)
     assert not find_matches(pcg, sibling_convs(2, (3, 3), (1, 1, 1, 1)))   # its 3x3s read different inputs
 
 
@@ -416,8 +432,9 @@ def test_every_transpose_of_up_to_4_dims_has_its_layout_rules():
     cancels = [r for r in layout_rules() if r.name.startswith("transpose-cancel-") and "around" not in r.name]
     assert len(cancels) == 23 and all(not r.dst.nodes for r in cancels)
     assert sum("cancel-around" in n for n in names) == 22 * 5 + 23    # Relu, Sigmoid, Tanh, Add, Mul; Softmax
-    assert all(r.one_way for r in layout_rules() if r.name.startswith("transpose-swap-"))
-    assert not any(r.one_way for r in layout_rules() if not r.name.startswith("transpose-swap-"))
+    # one way: those whose reverse would match every transpose, or every activation
+    assert all(r.one_way == (r.name.startswith("transpose-swap-") or "cancel-around" in r.name)
+               for r in layout_rules())
     assert {"relu-through-transpose-120", "add-through-transpose-1203", "transpose-swap-after-102",
             "matmul-through-batch-transpose-1023", "softmax-through-transpose-10",
             "transpose-cancel-around-softmax-2301"} <= set(names)

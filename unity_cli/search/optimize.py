@@ -28,6 +28,7 @@ from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.machine_view import MachineView, devices_used
 from ..ir.pcg import PCG
 from ..ir.validate import validate
+from ..substitutions.match import find_matches
 from ..substitutions.rule import Rule
 from .baselines import (
     STRATEGIES,
@@ -40,7 +41,16 @@ from .baselines import (
     is_hybrid,
     parse_hybrid,
 )
-from .joint import Found, JointSearch, SearchStats, SolvedSearch, fuse_activations, fuse_solved, unfused_activations
+from .joint import (
+    Found,
+    JointSearch,
+    SearchStats,
+    SolvedSearch,
+    fuse_activations,
+    fuse_solved,
+    grouped_solved,
+    unfused_activations,
+)
 from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
 from .solver import Solution, Tables, regroup, solve
@@ -282,7 +292,8 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         # baselines' plans, so it is never behind TASO-then-FlexFlow.)
         one, one_stats = _one_device(pcg, cluster, config, rules, _part(budget, 0.25), alpha, progress,
                                      max(1, cap // 4), ev, fuse=False)
-        outer = SolvedSearch(cluster, config, [r for r in rules if not (r.is_parallel or r.is_fusion)],
+        walked = [r for r in rules if not (r.is_parallel or r.is_fusion or r.grouped_only)]
+        outer = SolvedSearch(cluster, config, walked,
                              budget=_part(budget, 0.25),
                              alpha=alpha, progress=progress, max_candidates=solved_candidates(pcg, cap),
                              solve=ev.solve, placed=ev.placed)
@@ -296,7 +307,8 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
             starts.append(("segments", seg.pcg, seg.path))
     left = None if budget is None else max(0.0, budget - (time.monotonic() - t0))
     rest = max(1, cap - stats.candidates)
-    search = JointSearch(cluster, config, rules, budget=left, alpha=alpha, progress=progress,
+    search = JointSearch(cluster, config, [r for r in rules if not r.grouped_only], budget=left, alpha=alpha,
+                         progress=progress,
                          max_candidates=scaled_candidates(pcg, rest, POLISH_WORK) if solved else rest,
                          patience=POLISH_PATIENCE if solved else JointSearch.patience, placed=ev.placed)
     found = search.run(starts)
@@ -314,6 +326,14 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
                     found = fused
         except OutOfTime:
             pass
+    if solved and outer.plain is not None and _has_grouped_only(pcg, rules):
+        try:
+            for g, name, path in ((outer.plain.pcg, outer.plain.start, outer.plain.path), (pcg, "plain", ())):
+                got = grouped_solved(g, name, path, outer, rules)
+                if got is not None and _better(got.report, found.report):
+                    found = got
+        except OutOfTime:
+            pass
     alt = search.best_default
     if alt is not None and alt.pcg.node_hashes != found.pcg.node_hashes:
         # The best is laid out by the solver's device groups; the best on the default views
@@ -324,6 +344,11 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         if _better(theirs.report, ours.report):
             found = Found(alt.pcg, theirs.views, theirs.report, alt.start, alt.path)
     return found, stats + search.stats
+
+
+def _has_grouped_only(pcg: PCG, rules: Sequence[Rule]) -> bool:
+    """Whether a rule only device groups price right matches ``pcg`` (its pass runs then only)."""
+    return any(r.grouped_only and find_matches(pcg, r, limit=1) for r in rules)
 
 
 def _solved(pcg: PCG, cluster: ClusterSpec, config: CostConfig, ev: _Evaluator, start: str) -> Found | None:
@@ -369,10 +394,11 @@ def _one_device(pcg, cluster, config, rules, budget, alpha, progress, cap, ev,
                 fuse: bool = True) -> tuple[Found, SearchStats]:
     """The graph rewritten with the algebraic rules for one device (TASO), once per run, graph,
     work and ``fuse`` (whether fusions are among the rules: the joint search starts from the
-    graph without them, algebraic_then_parallel rewrites with every rule, as TASO does)."""
+    graph without them, nor the rewrites only device groups price right, ``Rule.grouped_only``;
+    algebraic_then_parallel rewrites with every rule, as TASO does)."""
     key = (pcg.node_hashes, cap, fuse)
     if key not in ev.one_device:
-        kept = [r for r in rules if not r.is_parallel and (fuse or not r.is_fusion)]
+        kept = [r for r in rules if not r.is_parallel and (fuse or not (r.is_fusion or r.grouped_only))]
         one = JointSearch(cluster.first(1), config, kept, budget=budget,
                           alpha=alpha, progress=progress, max_candidates=scaled_candidates(pcg, cap, POLISH_WORK))
         ev.one_device[key] = (one.run([("plain", pcg, ())]), one.stats)

@@ -30,6 +30,7 @@ from .parallel_rules import (
     op,
     output,
     split,
+    split_as,
     transpose,
     unary,
 )
@@ -167,26 +168,45 @@ def concat_gemm(n: int) -> Rule:
                      doc=f"Gemm(Concat(a1..a{n}, -1), Wt, b) = Σ Gemm(a_i, Split(Wt, -1, {n})[i]) + b")
 
 
-def sibling_matmuls(n: int) -> Rule:
-    """n MatMuls of one input are one MatMul on the concatenated weights, then a Split
-    (a multi-output rule: attention's Q, K and V projections)."""
+def _split_back(x: Arg, axis: int, weights: list[str], w_axis: int, uneven: bool) -> list[Expr]:
+    """A fused product split back into its weights' widths: n equal parts, or (``uneven``)
+    parts as wide as each weight's ``w_axis`` dim."""
+    return split_as(x, axis, [(w, w_axis) for w in weights]) if uneven else split(x, axis, len(weights))
+
+
+def _siblings(rule: Rule, uneven: bool) -> Rule:
+    """An uneven sibling fusion is left to the polish, which prices with device groups
+    (``Rule.grouped_only``): flat, fusing a narrow branch with wide ones always looks a launch
+    cheaper, while on device groups it may run better apart (Inception's reductions)."""
+    return Rule(rule.inputs, rule.params, rule.src, rule.dst, rule.constraints, rule.name,
+                {**rule.meta, "grouped_only": True}) if uneven else rule
+
+
+def sibling_matmuls(n: int, uneven: bool = False) -> Rule:
+    """n MatMuls of one input are one MatMul on the concatenated weights, then a Split back
+    into the weights' widths (a multi-output rule: attention's Q, K and V projections, a
+    model's towers on one input); equal widths, or (``uneven``) any."""
     w = [f"W{i}" for i in range(1, n + 1)]
-    return make_rule(f"sibling-matmul-{n}", ("x", *w), [matmul("x", wi) for wi in w],
-                     split(matmul("x", concat(*w, axis=-1)), -1, n), params=(),
-                     constraints=_equal_widths(w, -1),
-                     doc=f"MatMul(x, W1), ..., MatMul(x, W{n}) = Split(MatMul(x, Concat(W1..W{n}, -1)), -1, {n})")
+    tag, widths = ("uneven-", "widths of W1..") if uneven else ("", f"{n} parts, W1..")
+    return _siblings(make_rule(
+        f"sibling-matmul-{tag}{n}", ("x", *w), [matmul("x", wi) for wi in w],
+        _split_back(matmul("x", concat(*w, axis=-1)), -1, w, -1, uneven), params=(),
+        constraints=[] if uneven else _equal_widths(w, -1),
+        doc=f"MatMul(x, W1), ..., MatMul(x, W{n}) = Split(MatMul(x, Concat(W1..W{n}, -1)), -1, {widths}W{n})"), uneven)
 
 
-def sibling_gemms(n: int) -> Rule:
+def sibling_gemms(n: int, uneven: bool = False) -> Rule:
     """The same for biased, transposed-weight Gemms: weights concatenated along their
     rows, biases along their one dim."""
     w = [f"Wt{i}" for i in range(1, n + 1)]
     b = [f"b{i}" for i in range(1, n + 1)]
-    return make_rule(f"sibling-gemm-{n}", ("x", *w, *b), [gemm("x", wi, bi, trans_b=True) for wi, bi in zip(w, b)],
-                     split(gemm("x", concat(*w, axis=-2), concat(*b, axis=-1), trans_b=True), -1, n), params=(),
-                     constraints=_equal_widths(w, -2) + [Constraint("EQUAL", ("rank", bi), 1) for bi in b],
-                     doc=f"Gemm(x, Wt1, b1), ..., Gemm(x, Wt{n}, b{n}) = "
-                         f"Split(Gemm(x, Concat(Wt1..Wt{n}, -2), Concat(b1..b{n}, -1)), -1, {n})")
+    tag, widths = ("uneven-", "widths of Wt1..") if uneven else ("", f"{n} parts, Wt1..")
+    return _siblings(make_rule(
+        f"sibling-gemm-{tag}{n}", ("x", *w, *b), [gemm("x", wi, bi, trans_b=True) for wi, bi in zip(w, b)],
+        _split_back(gemm("x", concat(*w, axis=-2), concat(*b, axis=-1), trans_b=True), -1, w, -2, uneven), params=(),
+        constraints=([] if uneven else _equal_widths(w, -2)) + [Constraint("EQUAL", ("rank", bi), 1) for bi in b],
+        doc=f"Gemm(x, Wt1, b1), ..., Gemm(x, Wt{n}, b{n}) = "
+            f"Split(Gemm(x, Concat(Wt1..Wt{n}, -2), Concat(b1..b{n}, -1)), -1, {widths}Wt{n})"), uneven)
 
 
 SIBLING_CONVS = (((1, 1), (0, 0, 0, 0)), ((3, 3), (1, 1, 1, 1)))
@@ -194,17 +214,19 @@ SIBLING_CONVS = (((1, 1), (0, 0, 0, 0)), ((3, 3), (1, 1, 1, 1)))
 sibling-conv rule fuses: Inception's 1x1 reductions of one input, and same-size 3x3s."""
 
 
-def sibling_convs(n: int, kernel: tuple[int, ...], pads: tuple[int, ...]) -> Rule:
+def sibling_convs(n: int, kernel: tuple[int, ...], pads: tuple[int, ...], uneven: bool = False) -> Rule:
     """n convolutions of one input are one on the weights stacked by output channels, then
-    a Split along the channels (proved by ``conv-concat-out-channels``, true for ungrouped
-    convs: an output channel reads its own weight row alone)."""
+    a Split back into their widths (proved by ``conv-concat-out-channels``, true for
+    ungrouped convs: an output channel reads its own weight row alone)."""
     w = [f"W{i}" for i in range(1, n + 1)]
     tag = "x".join(map(str, kernel))
-    return make_rule(f"sibling-conv{tag}-{n}", ("x", *w), [conv("x", wi, kernel, pads) for wi in w],
-                     split(conv("x", concat(*w, axis=-4), kernel, pads), -3, n), params=(),
-                     constraints=_equal_widths(w, -4),
-                     doc=f"Conv{tag}(x, W1), ..., Conv{tag}(x, W{n}) = "
-                         f"Split(Conv{tag}(x, Concat(W1..W{n}, out-channels)), channels, {n})")
+    kind, widths = ("uneven-", "widths of W1..") if uneven else ("", f"{n} parts, W1..")
+    return _siblings(make_rule(
+        f"sibling-conv{tag}-{kind}{n}", ("x", *w), [conv("x", wi, kernel, pads) for wi in w],
+        _split_back(conv("x", concat(*w, axis=-4), kernel, pads), -3, w, -4, uneven), params=(),
+        constraints=[] if uneven else _equal_widths(w, -4),
+        doc=f"Conv{tag}(x, W1), ..., Conv{tag}(x, W{n}) = "
+            f"Split(Conv{tag}(x, Concat(W1..W{n}, out-channels)), channels, {widths}W{n})"), uneven)
 
 
 def embedding_merge(n: int) -> Rule:
@@ -266,7 +288,8 @@ def layout_rules() -> list[Rule]:
       transpose can meet the one that undoes it; and where it is undone right after the
       activation (a converter's channels-last network), the three or four operators are
       the activation alone (``transpose-cancel-around-*``), one step that the search sees
-      gain at once;
+      gain at once (one way: read backwards, every activation would match and gain two
+      transposes);
     * a softmax over the last dim of a transpose is the transposed softmax over the dim the
       transpose puts last (``softmax-through-transpose``), and undone right after, the
       softmax alone (``transpose-cancel-around-softmax``);
@@ -294,9 +317,9 @@ def layout_rules() -> list[Rule]:
             out.append(make_rule(f"{fn.lower()}-through-transpose-{code}", ("x",), unary(fn, permute("x", p)),
                                  permute(unary(fn, "x"), p), params=(),
                                  doc=f"{fn}(Transpose(x, {list(p)})) = Transpose({fn}(x), {list(p)})"))
-            out.append(make_rule(f"transpose-cancel-around-{fn.lower()}-{code}", ("x",),
-                                 permute(unary(fn, permute("x", p)), q), unary(fn, "x"), params=(),
-                                 doc=f"Transpose({fn}(Transpose(x, {list(p)})), {list(q)}) = {fn}(x)"))
+            out.append(_one_way(make_rule(f"transpose-cancel-around-{fn.lower()}-{code}", ("x",),
+                                          permute(unary(fn, permute("x", p)), q), unary(fn, "x"), params=(),
+                                          doc=f"Transpose({fn}(Transpose(x, {list(p)})), {list(q)}) = {fn}(x)")))
         same = [Constraint("EQUAL", ("shape", "a"), ("shape", "b"))]
         for fn in ("Add", "Mul"):
             out.append(make_rule(f"{fn.lower()}-through-transpose-{code}", ("a", "b"),
@@ -304,21 +327,21 @@ def layout_rules() -> list[Rule]:
                                  params=(), constraints=same,
                                  doc=f"{fn}(Transpose(a, {list(p)}), Transpose(b, {list(p)})) = "
                                      f"Transpose({fn}(a, b), {list(p)})"))
-            out.append(make_rule(f"transpose-cancel-around-{fn.lower()}-{code}", ("a", "b"),
-                                 permute(binary(fn, permute("a", p), permute("b", p)), q), binary(fn, "a", "b"),
-                                 params=(), constraints=same,
-                                 doc=f"Transpose({fn}(Transpose(a, {list(p)}), Transpose(b, {list(p)})), {list(q)}) "
-                                     f"= {fn}(a, b)"))
+            out.append(_one_way(make_rule(
+                f"transpose-cancel-around-{fn.lower()}-{code}", ("a", "b"),
+                permute(binary(fn, permute("a", p), permute("b", p)), q), binary(fn, "a", "b"), params=(),
+                constraints=same,
+                doc=f"Transpose({fn}(Transpose(a, {list(p)}), Transpose(b, {list(p)})), {list(q)}) = {fn}(a, b)")))
     for code in all_perm_codes():     # a softmax over the last dim, the swap's too
         p = _tail(code)
         t = p[-1]    # the dim the transpose puts last
         out.append(make_rule(f"softmax-through-transpose-{code}", ("x",), softmax(permute("x", p), -1),
                              permute(softmax("x", t), p), params=(),
                              doc=f"Softmax(Transpose(x, {list(p)}), -1) = Transpose(Softmax(x, {t}), {list(p)})"))
-        out.append(make_rule(f"transpose-cancel-around-softmax-{code}", ("x",),
-                             permute(softmax(permute("x", p), -1), _inverse(p)), softmax("x", t), params=(),
-                             doc=f"Transpose(Softmax(Transpose(x, {list(p)}), -1), {list(_inverse(p))}) "
-                                 f"= Softmax(x, {t})"))
+        out.append(_one_way(make_rule(f"transpose-cancel-around-softmax-{code}", ("x",),
+                                      permute(softmax(permute("x", p), -1), _inverse(p)), softmax("x", t), params=(),
+                                      doc=f"Transpose(Softmax(Transpose(x, {list(p)}), -1), {list(_inverse(p))}) "
+                                          f"= Softmax(x, {t})")))
     p = _tail(BATCH_SWAP)
     out.append(make_rule(f"matmul-through-batch-transpose-{BATCH_SWAP}", ("a", "b"),
                          matmul(permute("a", p), permute("b", p)), permute(matmul("a", "b"), p), params=(),
@@ -347,6 +370,9 @@ def family_rules() -> list[Rule]:
     out += batched_fused_activation_rules()
     out += [embedding_merge(n) for n in range(2, MAX_ARITY + 1)]
     out += layout_rules()
+    out += [sibling_matmuls(n, uneven=True) for n in range(2, MAX_SIBLINGS + 1)]
+    out += [sibling_gemms(n, uneven=True) for n in range(2, MAX_SIBLINGS + 1)]
+    out += [sibling_convs(n, k, p, uneven=True) for k, p in SIBLING_CONVS for n in range(2, MAX_SIBLINGS + 1)]
     return [_tagged(r) for r in out]
 
 

@@ -76,6 +76,13 @@ def split(x: Arg, axis: int, parts: int = 2) -> list[Expr]:
     return [output(e, k) for k in range(parts)]
 
 
+def split_as(x: Arg, axis: int, widths: Sequence[tuple[str, int]]) -> list[Expr]:
+    """A Split of ``x`` along ``axis`` into parts as wide as the rule inputs' dims ``widths``
+    (``(input, axis)`` each): a fused projection split back into its weights' widths."""
+    e = op(OpKind.Split, x, axis=axis, sizes=tuple(("dim", t, a) for t, a in widths), n_outputs=len(widths))
+    return [output(e, k) for k in range(len(widths))]
+
+
 def transpose(x: Arg) -> Expr:
     return op(OpKind.Transpose, x, perm=(-1, -2))
 

@@ -114,6 +114,12 @@ class Rule:
         return bool(self.meta.get("one_way"))
 
     @property
+    def grouped_only(self) -> bool:
+        """Whether only searches that price with the solver's device groups apply it (not the
+        outer walk, which prices flat): a sibling fusion of unequal widths (families.py)."""
+        return bool(self.meta.get("grouped_only"))
+
+    @property
     def is_fusion(self) -> bool:
         """Whether it fuses an activation into its product, or undoes that: it saves launches
         and takes away the product's split along its contracted dim."""

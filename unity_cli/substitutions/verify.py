@@ -246,8 +246,20 @@ def unequal_layouts(rule: Rule, layouts: Sequence[Layout]) -> list[Layout]:
                 dims = list(s.logical.dims)
                 dims[a] = 4 * (k + 1)
                 shapes[t] = ParallelTensorShape.unpartitioned(TensorShape(tuple(dims), s.dtype))
+            _biases_follow(rule, shapes)
             out.append(Layout(shapes, layout.binding))
     return out
+
+
+def _biases_follow(rule: Rule, shapes: dict[str, ParallelTensorShape]) -> None:
+    """A source Gemm's bias made as wide as its weight's output dim (a sibling Gemm's
+    weights of unequal widths carry biases of those widths)."""
+    for n in rule.src.nodes:
+        if n.kind == OpKind.Gemm and len(n.inputs) == 3 and n.inputs[1] in shapes and n.inputs[2] in shapes:
+            w, b = shapes[n.inputs[1]], shapes[n.inputs[2]]
+            width = w.sizes[-2 if dict(n.attrs).get("trans_b") else -1]
+            if b.rank == 1 and b.sizes[0] != width:
+                shapes[n.inputs[2]] = ParallelTensorShape.unpartitioned(TensorShape((width,), b.logical.dtype))
 
 
 def mixed_layouts(rule: Rule) -> list[Layout]:
