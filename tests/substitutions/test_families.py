@@ -495,3 +495,19 @@ def test_a_softmax_between_a_transpose_and_its_inverse_is_the_softmax_over_the_m
     assert sm.op.axis == 1 and not any(n.kind == OpKind.Transpose for _, n in new)
     through = next(r for r in FAMILY_RULES if r.name == "softmax-through-transpose-120")
     _rewrites_preserve_values(pcg, through, 1)
+
+
+def test_uneven_sibling_rules_match_exactly_the_groups_the_equal_ones_do_not(tmp_path):
+    """Attention's Q, K and V (equal widths) take the equal rule only; Inception's
+    reductions of one input (two 64-wide, one 48-wide), from whichever member the match
+    starts, the uneven one only (its first two parts must differ; the matcher puts an
+    odd one second)."""
+    from models.families import qkv, reductions
+
+    pcg = import_model(qkv(tmp_path / "qkv.onnx"), ImportOptions(batch_size=4)).pcg
+    assert find_matches(pcg, sibling_matmuls(3)) and not find_matches(pcg, sibling_matmuls(3, uneven=True))
+    pcg = import_model(reductions(tmp_path / "r.onnx"), ImportOptions(batch_size=4)).pcg
+    triple = find_matches(pcg, sibling_convs(3, (1, 1), (0, 0, 0, 0), uneven=True))
+    assert len(triple) == 1 and not find_matches(pcg, sibling_convs(3, (1, 1), (0, 0, 0, 0)))
+    assert len(find_matches(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0)))) == 1          # the two of one width
+    assert len(find_matches(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0), uneven=True))) == 2   # each with the odd one

@@ -174,6 +174,15 @@ def _split_back(x: Arg, axis: int, weights: list[str], w_axis: int, uneven: bool
     return split_as(x, axis, [(w, w_axis) for w in weights]) if uneven else split(x, axis, len(weights))
 
 
+def _widths(weights: list[str], axis: int, uneven: bool) -> list[Constraint]:
+    """Equal widths; or (``uneven``) the first two unequal: a group not all of one width
+    always has, whichever member the match starts from, another of a different width to
+    put second, so the uneven rules match exactly the groups the equal ones do not."""
+    if not uneven:
+        return _equal_widths(weights, axis)
+    return [Constraint("UNEQUAL", ("dim", weights[0], axis), ("dim", weights[1], axis))]
+
+
 def _siblings(rule: Rule, uneven: bool) -> Rule:
     """An uneven sibling fusion is left to the polish, which prices with device groups
     (``Rule.grouped_only``): flat, fusing a narrow branch with wide ones always looks a launch
@@ -191,7 +200,7 @@ def sibling_matmuls(n: int, uneven: bool = False) -> Rule:
     return _siblings(make_rule(
         f"sibling-matmul-{tag}{n}", ("x", *w), [matmul("x", wi) for wi in w],
         _split_back(matmul("x", concat(*w, axis=-1)), -1, w, -1, uneven), params=(),
-        constraints=[] if uneven else _equal_widths(w, -1),
+        constraints=_widths(w, -1, uneven),
         doc=f"MatMul(x, W1), ..., MatMul(x, W{n}) = Split(MatMul(x, Concat(W1..W{n}, -1)), -1, {widths}W{n})"), uneven)
 
 
@@ -204,7 +213,7 @@ def sibling_gemms(n: int, uneven: bool = False) -> Rule:
     return _siblings(make_rule(
         f"sibling-gemm-{tag}{n}", ("x", *w, *b), [gemm("x", wi, bi, trans_b=True) for wi, bi in zip(w, b)],
         _split_back(gemm("x", concat(*w, axis=-2), concat(*b, axis=-1), trans_b=True), -1, w, -2, uneven), params=(),
-        constraints=([] if uneven else _equal_widths(w, -2)) + [Constraint("EQUAL", ("rank", bi), 1) for bi in b],
+        constraints=_widths(w, -2, uneven) + [Constraint("EQUAL", ("rank", bi), 1) for bi in b],
         doc=f"Gemm(x, Wt1, b1), ..., Gemm(x, Wt{n}, b{n}) = "
             f"Split(Gemm(x, Concat(Wt1..Wt{n}, -2), Concat(b1..b{n}, -1)), -1, {widths}Wt{n})"), uneven)
 
@@ -224,7 +233,7 @@ def sibling_convs(n: int, kernel: tuple[int, ...], pads: tuple[int, ...], uneven
     return _siblings(make_rule(
         f"sibling-conv{tag}-{kind}{n}", ("x", *w), [conv("x", wi, kernel, pads) for wi in w],
         _split_back(conv("x", concat(*w, axis=-4), kernel, pads), -3, w, -4, uneven), params=(),
-        constraints=[] if uneven else _equal_widths(w, -4),
+        constraints=_widths(w, -4, uneven),
         doc=f"Conv{tag}(x, W1), ..., Conv{tag}(x, W{n}) = "
             f"Split(Conv{tag}(x, Concat(W1..W{n}, out-channels)), channels, {widths}W{n})"), uneven)
 

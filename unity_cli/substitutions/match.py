@@ -240,6 +240,8 @@ def holds(kind: str, a, b) -> bool:
     tuple, is only ever equal or not)."""
     if kind == "EQUAL":
         return a == b
+    if kind == "UNEQUAL":
+        return a != b
     if isinstance(a, tuple) or isinstance(b, tuple):
         return False
     if kind == "DIVISIBLE_BY":

@@ -70,7 +70,7 @@ class Pattern:
 class Constraint:
     """A condition on the matched tensors.
 
-    ``kind`` is ``EQUAL``, ``DIVISIBLE_BY`` (``a % b == 0``) or ``AT_LEAST``; each operand is
+    ``kind`` is ``EQUAL``, ``UNEQUAL``, ``DIVISIBLE_BY`` (``a % b == 0``) or ``AT_LEAST``; each operand is
     an int, ``("param", name)``, ``("dim", tensor, axis)`` (a size), ``("degree", tensor,
     axis)``, ``("sum", tensor)``, ``("copy", tensor)``, ``("rank", tensor)``, or
     ``("shape", tensor)`` (its sizes, of any rank: for ``EQUAL`` only).
@@ -81,7 +81,7 @@ class Constraint:
     rhs: Any
 
 
-CONSTRAINT_KINDS = ("EQUAL", "DIVISIBLE_BY", "AT_LEAST")
+CONSTRAINT_KINDS = ("EQUAL", "UNEQUAL", "DIVISIBLE_BY", "AT_LEAST")
 
 
 @dataclass(frozen=True)

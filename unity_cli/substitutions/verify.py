@@ -152,6 +152,9 @@ def check_layouts(rule: Rule) -> list[Instance]:
     for layout in candidate_layouts(rule):
         problem = _try_layout(rule, layout, instances)
         first_problem = first_problem or problem
+    if not instances and sized_by_dims(rule):   # a rule for unequal sizes only (UNEQUAL)
+        for layout in unequal_layouts(rule, candidate_layouts(rule)):
+            _try_layout(rule, layout, instances)
     if not instances:
         for layout in mixed_layouts(rule):
             _try_layout(rule, layout, instances)
