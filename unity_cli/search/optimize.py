@@ -326,12 +326,11 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
                     found = fused
         except OutOfTime:
             pass
-    if solved and outer.plain is not None and _has_grouped_only(pcg, rules):
-        try:
-            for g, name, path in ((outer.plain.pcg, outer.plain.start, outer.plain.path), (pcg, "plain", ())):
-                got = grouped_solved(g, name, path, outer, rules)
-                if got is not None and _better(got.report, found.report):
-                    found = got
+    if solved and outer.plain is not None and _has_grouped_only(outer.plain.pcg, rules):
+        try:   # the walk's winner (a grouped solve of a large graph costs seconds: one graph)
+            got = grouped_solved(outer.plain.pcg, outer.plain.start, outer.plain.path, outer, rules)
+            if got is not None and _better(got.report, found.report):
+                found = got
         except OutOfTime:
             pass
     alt = search.best_default
