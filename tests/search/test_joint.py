@@ -291,3 +291,26 @@ def test_uneven_sibling_fusions_are_kept_only_where_device_groups_price_them_fas
     got, plain = (optimize(inception, a100x32, CostConfig(), "unity", rs) for rs in (rules, without))
     assert got.chosen.report.step_time == plain.chosen.report.step_time
     assert not any(r.rule_name.endswith(("uneven-2", "uneven-3")) for r in got.rewrites)
+
+
+def test_a_graph_searched_by_segments_gets_no_rule_only_device_groups_price(tmp_path, cluster_dir, rules,
+                                                                             monkeypatch):
+    """Where the solver has no plan, the graph is searched segment by segment, flat: the
+    uneven sibling fusions are not among its rules either."""
+    import unity_cli.search.optimize as opt
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from models.families import reductions
+
+    seen = []
+    real = opt.search_segments
+
+    def recording(pcg, cluster, config, rs, *args, **kwargs):
+        seen.append(list(rs))
+        return real(pcg, cluster, config, rs, *args, **kwargs)
+
+    monkeypatch.setattr(opt, "search_segments", recording)
+    monkeypatch.setattr(opt._Evaluator, "solve", lambda self, pcg, grouped=False: None)
+    pcg = import_model(reductions(tmp_path / "r.onnx", 64), ImportOptions(batch_size=16)).pcg
+    optimize(pcg, load_cluster(cluster_dir / "dgx-a100-8.yaml"), CostConfig(), "unity", rules, max_candidates=40)
+    assert seen and any(r.grouped_only for r in rules)
+    assert not any(r.grouped_only for rs in seen for r in rs)

@@ -75,8 +75,10 @@ class ImportedModel:
     opset: int = 0
     """The default-domain opset its ops are read at (each op's meaning at that version)."""
     recognised: dict[str, int] = field(default_factory=dict)
-    """Activations the export wrote out as several ops, read as one (``activations.py``):
-    how many of each."""
+    """What the export wrote out as several ops and the import reads as one, how many of
+    each: activations (``activations.py``), and "Reshape chain", the Reshapes gone where a
+    reshape of a reshape is read as one or one to its input's own shape as none
+    (``ir/simplify.merge_reshapes``)."""
 
 
 def import_model(path: str | os.PathLike, options: ImportOptions = ImportOptions()) -> ImportedModel:

@@ -301,7 +301,8 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         starts.append(("rewritten and solved", won.pcg, won.path))
         stats = one_stats + outer.stats
     else:
-        seg, stats = search_segments(pcg, cluster, config, rules, _part(budget, 0.25), alpha, batch_size(pcg),
+        seg, stats = search_segments(pcg, cluster, config, [r for r in rules if not r.grouped_only],
+                                     _part(budget, 0.25), alpha, batch_size(pcg),
                                      max_candidates=max(1, cap // 2), progress=progress)
         if seg is not None:
             starts.append(("segments", seg.pcg, seg.path))

@@ -220,9 +220,9 @@ def moved_names(src: Pattern, dst: Pattern, names: Sequence[str]) -> dict[tuple,
     def keys(p: Pattern) -> list[tuple]:
         return [(n.kind, n.attrs) for n in p.nodes]
     s, d = keys(src), keys(dst)
-    if len(set(s)) != len(s) or sorted(map(repr, s)) != sorted(map(repr, d)):
-        return {}
-    return {k: name for k, name in zip(s, names, strict=True) if name}
+    if len(set(s)) != len(s) or sorted(map(repr, s)) != sorted(map(repr, d)) or not all(names):
+        return {}   # (an unnamed one would take an output's name, which another may keep)
+    return dict(zip(s, names, strict=True))
 
 
 def build_side(pattern: Pattern, input_shapes: Mapping[str, ParallelTensorShape],
