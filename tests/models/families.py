@@ -82,6 +82,15 @@ def bags(path: Path, width: int = 8) -> Path:
     return _model(path, nodes, [(f"x{i}", width) for i in range(3)], [("w", (3 * width, 4))], 4)
 
 
+def uneven_bags(path: Path, width: int = 8) -> Path:
+    """A layer over the concatenation of three features of unequal widths (1, 1 and a half
+    of ``width``: CANDLE's and DLRM's interactions are so)."""
+    widths = (width, width, max(1, width // 2))
+    nodes = [helper.make_node("Relu", [f"x{i}"], [f"r{i}"]) for i in range(3)]
+    nodes += [helper.make_node("Concat", ["r0", "r1", "r2"], ["c"], axis=1), helper.make_node(MM, ["c", "w"], ["y"])]
+    return _model(path, nodes, [(f"x{i}", w) for i, w in enumerate(widths)], [("w", (sum(widths), 4))], 4)
+
+
 TABLE_ROWS = (4, 3, 2)
 """Rows of the ``embeddings`` model's tables, per unit of ``width``: unequal, as real
 recommendation models' are."""

@@ -21,6 +21,7 @@ from models.families import (
     reductions,
     torch_mlp,
     towers,
+    uneven_bags,
 )
 from onnx import numpy_helper
 from runtime.mpirun import SPECS, run_json
@@ -40,6 +41,8 @@ CASES = [  # model, family instance, ranks
     (ffn, "matmul-add-relu-fused-batched", 3),
     (embeddings, "embedding-merge-3", 2),
     (embeddings, "embedding-merge-2", 3),
+    (uneven_bags, "concat-linear-uneven-3", 2),
+    (uneven_bags, "concat-linear-uneven-3", 3),
     (reductions, "sibling-conv1x1-uneven-3", 2),
     (reductions, "sibling-conv1x1-uneven-2", 3),
     (channels_last, "relu-through-transpose-120+transpose-cancel-120", 2),

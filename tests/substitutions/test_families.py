@@ -89,6 +89,10 @@ def _wrong_variants():
     yield "sibling matmuls, weights stacked by rows", make_rule(
         "x", ("x", "W1", "W2"), [matmul("x", "W1"), matmul("x", "W2")],
         split(matmul("x", concat("W1", "W2", axis=-2)), -1, 2), params=(), constraints=_equal(["W1", "W2"], -1))
+    rows = split_as("W", -2, [("a2", -1), ("a1", -1)])
+    yield "concat-linear of unequal widths, row blocks cut in the wrong order", make_rule(
+        "x", ("a1", "a2", "W"), matmul(concat("a1", "a2", axis=-1), "W"),
+        add(matmul("a1", rows[0]), matmul("a2", rows[1])), params=())
     yield "sibling matmuls, split back into the widths in the wrong order", make_rule(
         "x", ("x", "W1", "W2"), [matmul("x", "W1"), matmul("x", "W2")],
         split_as(matmul("x", concat("W1", "W2", axis=-1)), -1, [("W2", -1), ("W1", -1)]), params=())
@@ -511,3 +515,16 @@ def test_uneven_sibling_rules_match_exactly_the_groups_the_equal_ones_do_not(tmp
     assert len(triple) == 1 and not find_matches(pcg, sibling_convs(3, (1, 1), (0, 0, 0, 0)))
     assert len(find_matches(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0)))) == 1          # the two of one width
     assert len(find_matches(pcg, sibling_convs(2, (1, 1), (0, 0, 0, 0), uneven=True))) == 2   # each with the odd one
+
+
+def test_a_layer_over_parts_of_unequal_widths_is_a_sum_of_layers():
+    """CANDLE Uno's layer over its 7 concatenated features (4192, 1, 1, 4192 ...) and DLRM's
+    top MLP over 64 + 36: the uneven Concat-Linear and Concat-Gemm match them (the equal
+    ones do not), the values stay."""
+    from unity_cli.substitutions.families import concat_gemm, concat_linear
+
+    candle = import_model_proto_of("candle-uno")
+    assert not any(find_matches(candle, concat_linear(n)) for n in range(2, MAX_ARITY + 1))
+    _rewrites_preserve_values(candle, concat_linear(7, uneven=True), 1)
+    dlrm = import_model(EXPORTED_DIR / "dlrm_tiny.onnx", ImportOptions(batch_size=4)).pcg
+    _rewrites_preserve_values(dlrm, concat_gemm(2, uneven=True), 1)

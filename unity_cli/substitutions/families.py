@@ -145,27 +145,32 @@ def batched_fused_activation_rules() -> list[Rule]:
             for r in _matmul_fusions(fn, name, trans_b, 3)]
 
 
-def concat_linear(n: int) -> Rule:
-    """``MatMul(Concat(a_1..a_n), W) = Σ MatMul(a_i, W_i)``, ``W_i`` the i-th of n equal
-    row blocks of ``W``: a layer over a concatenation is a sum of layers over its parts
-    (with W's rows split across devices, the all-gather of the parts becomes one reduction)."""
+def concat_linear(n: int, uneven: bool = False) -> Rule:
+    """``MatMul(Concat(a_1..a_n), W) = Σ MatMul(a_i, W_i)``, ``W_i`` the i-th row block of
+    ``W`` (n equal ones, or, ``uneven``, each as tall as its part is wide): a layer over a
+    concatenation is a sum of layers over its parts (with W's rows split across devices,
+    the all-gather of the parts becomes one reduction). The uneven rule has no width
+    constraint: a concatenation's parts are in order, so "not all equal" is no one pair
+    (equal parts give the equal rule's graph, which the search's hashing drops)."""
     a = [f"a{i}" for i in range(1, n + 1)]
-    blocks = split("W", -2, n)
-    return make_rule(f"concat-linear-{n}", (*a, "W"), matmul(concat(*a, axis=-1), "W"),
+    blocks = _split_back("W", -2, a, -1, uneven)
+    tag, rows = ("uneven-", "as wide as a_i") if uneven else ("", f"{n} equal")
+    return make_rule(f"concat-linear-{tag}{n}", (*a, "W"), matmul(concat(*a, axis=-1), "W"),
                      _sum([matmul(x, blocks[i]) for i, x in enumerate(a)]), params=(),
-                     constraints=_equal_widths(a, -1),
-                     doc=f"MatMul(Concat(a1..a{n}, -1), W) = Σ MatMul(a_i, Split(W, -2, {n})[i])")
+                     constraints=[] if uneven else _equal_widths(a, -1),
+                     doc=f"MatMul(Concat(a1..a{n}, -1), W) = Σ MatMul(a_i, W's row block i, {rows})")
 
 
-def concat_gemm(n: int) -> Rule:
+def concat_gemm(n: int, uneven: bool = False) -> Rule:
     """The same for a biased, transposed-weight Gemm (how PyTorch exports ``nn.Linear``):
     the bias is added once, to the sum."""
     a = [f"a{i}" for i in range(1, n + 1)]
-    blocks = split("Wt", -1, n)
+    blocks = _split_back("Wt", -1, a, -1, uneven)
     parts = [gemm(x, blocks[i], trans_b=True) for i, x in enumerate(a)]
-    return make_rule(f"concat-gemm-{n}", (*a, "Wt", "b"), gemm(concat(*a, axis=-1), "Wt", "b", trans_b=True),
-                     add(_sum(parts), "b"), params=(), constraints=_equal_widths(a, -1),
-                     doc=f"Gemm(Concat(a1..a{n}, -1), Wt, b) = Σ Gemm(a_i, Split(Wt, -1, {n})[i]) + b")
+    tag, cols = ("uneven-", "as wide as a_i") if uneven else ("", f"{n} equal")
+    return make_rule(f"concat-gemm-{tag}{n}", (*a, "Wt", "b"), gemm(concat(*a, axis=-1), "Wt", "b", trans_b=True),
+                     add(_sum(parts), "b"), params=(), constraints=[] if uneven else _equal_widths(a, -1),
+                     doc=f"Gemm(Concat(a1..a{n}, -1), Wt, b) = Σ Gemm(a_i, Wt's column block i, {cols}) + b")
 
 
 def _split_back(x: Arg, axis: int, weights: list[str], w_axis: int, uneven: bool) -> list[Expr]:
@@ -379,6 +384,8 @@ def family_rules() -> list[Rule]:
     out += batched_fused_activation_rules()
     out += [embedding_merge(n) for n in range(2, MAX_ARITY + 1)]
     out += layout_rules()
+    out += [concat_linear(n, uneven=True) for n in range(2, MAX_ARITY + 1)]
+    out += [concat_gemm(n, uneven=True) for n in range(2, MAX_ARITY + 1)]
     out += [sibling_matmuls(n, uneven=True) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_gemms(n, uneven=True) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_convs(n, k, p, uneven=True) for k, p in SIBLING_CONVS for n in range(2, MAX_SIBLINGS + 1)]

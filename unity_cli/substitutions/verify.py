@@ -249,9 +249,27 @@ def unequal_layouts(rule: Rule, layouts: Sequence[Layout]) -> list[Layout]:
                 dims = list(s.logical.dims)
                 dims[a] = 4 * (k + 1)
                 shapes[t] = ParallelTensorShape.unpartitioned(TensorShape(tuple(dims), s.dtype))
+            _weights_follow(rule, shapes)
             _biases_follow(rule, shapes)
             out.append(Layout(shapes, layout.binding))
     return out
+
+
+def _weights_follow(rule: Rule, shapes: dict[str, ParallelTensorShape]) -> None:
+    """A source product over a concatenation of rule inputs: its weight's contracted dim
+    made as long as the concatenation is wide (Concat-Linear over parts of unequal widths)."""
+    made = {t: n for n in rule.src.nodes for t in n.outputs}
+    for n in rule.src.nodes:
+        if n.kind not in (OpKind.MatMul, OpKind.Gemm) or len(n.inputs) < 2 or n.inputs[1] not in shapes:
+            continue
+        cat = made.get(n.inputs[0])
+        if cat is None or cat.kind != OpKind.Concat or not all(t in shapes for t in cat.inputs):
+            continue
+        width = sum(shapes[t].sizes[-1] for t in cat.inputs)
+        w = shapes[n.inputs[1]]
+        dims = list(w.logical.dims)
+        dims[-1 if n.kind == OpKind.Gemm and dict(n.attrs).get("trans_b") else -2] = width
+        shapes[n.inputs[1]] = ParallelTensorShape.unpartitioned(TensorShape(tuple(dims), w.logical.dtype))
 
 
 def _biases_follow(rule: Rule, shapes: dict[str, ParallelTensorShape]) -> None:
