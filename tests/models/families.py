@@ -32,6 +32,14 @@ def _model(path: Path, nodes, inputs, inits, out_dims) -> Path:
     return path
 
 
+def _model_of_x(path: Path, nodes, x_dims: list, inits) -> Path:
+    """A model of one input ``x`` of ``x_dims`` and a ``[batch, 4]`` output ``y``."""
+    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 MM, GEMM = "MatMul", "Gemm"
 
 
@@ -57,10 +65,7 @@ def ffn(path: Path, width: int = 8) -> Path:
     tensors = [numpy_helper.from_array((rng.standard_normal(sh) * 0.4).astype(np.float32), n)
                for n, sh in (("w1", (d, h)), ("b1", (h,)), ("w2", (h, d)), ("wo", (d * seq, 4)))]
     tensors.append(numpy_helper.from_array(np.array([-1, d * seq], dtype=np.int64), "flat"))
-    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", seq, d])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], tensors)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    return _model_of_x(path, nodes, ["batch", seq, d], tensors)
 
 
 def linears(path: Path, width: int = 8) -> Path:
@@ -127,11 +132,7 @@ def towers(path: Path, width: int = 8) -> Path:
              helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Sigmoid", ["b"], ["sb"]),
              helper.make_node("Add", ["ra", "sb"], ["s"]), helper.make_node("GlobalAveragePool", ["s"], ["p"]),
              helper.make_node("Flatten", ["p"], ["f"]), helper.make_node(MM, ["f", "wo"], ["y"])]
-    g = helper.make_graph(nodes, path.stem,
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", c, hw, hw])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    return _model_of_x(path, nodes, ["batch", c, hw, hw], inits)
 
 
 def reductions(path: Path, width: int = 8) -> Path:
@@ -152,11 +153,7 @@ def reductions(path: Path, width: int = 8) -> Path:
     nodes += [helper.make_node("Concat", [f"r{k}" for k in range(len(widths))], ["s"], axis=1),
               helper.make_node("GlobalAveragePool", ["s"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
               helper.make_node(MM, ["f", "wo"], ["y"])]
-    g = helper.make_graph(nodes, path.stem,
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", c, hw, hw])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    return _model_of_x(path, nodes, ["batch", c, hw, hw], inits)
 
 
 def channels_last(path: Path, width: int = 8) -> Path:
@@ -178,11 +175,7 @@ def channels_last(path: Path, width: int = 8) -> Path:
                   helper.make_node("Relu", [f"nhwc{k}"], [f"r{k}"], name=f"relu{k}")]
         x = f"r{k}"
     nodes += [helper.make_node("Reshape", [x, "flat"], ["f"]), helper.make_node(MM, ["f", "wo"], ["y"])]
-    g = helper.make_graph(nodes, path.stem,
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", hw, hw, c])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
+    return _model_of_x(path, nodes, ["batch", hw, hw, c], inits)
 
 
 def family_plans(root: Path, make, rule_name: str, spec: Path, ranks: int, batch: int = 12,

@@ -133,13 +133,12 @@ def merge_reshapes(pcg: PCG) -> tuple[PCG, int]:
     b = GraphBuilder()
     remap: dict[TensorRef, TensorRef] = {}
     outputs = set(pcg.outputs)
-    merged = 0
     for i, n in pcg:
         ins = [remap[r] for r in n.inputs]
         if n.kind == OpKind.Reshape:
             src = b.nodes[ins[0].node]
             if src.kind == OpKind.Reshape:
-                ins, merged = [src.inputs[0]], merged + 1
+                ins = [src.inputs[0]]
             if b.shape(ins[0]).logical.dims == tuple(n.op.dims) and TensorRef(i, 0) not in outputs:
                 remap[TensorRef(i, 0)] = ins[0]
                 continue
@@ -148,10 +147,9 @@ def merge_reshapes(pcg: PCG) -> tuple[PCG, int]:
         outs = b.add(n.op, ins, n.name, outputs=n.outputs)
         for k, o in enumerate(outs):
             remap[TensorRef(i, k)] = o
-    if not merged and len(b.nodes) == len(pcg.nodes):
-        return pcg, 0
     out = prune(b.build([remap[r] for r in pcg.outputs]))
-    return out, sum(n.kind == OpKind.Reshape for _, n in pcg) - sum(n.kind == OpKind.Reshape for _, n in out)
+    gone = len(pcg.by_kind.get(OpKind.Reshape, ())) - len(out.by_kind.get(OpKind.Reshape, ()))
+    return (out, gone) if gone else (pcg, 0)
 
 
 def _changes(pcg: PCG) -> bool:

@@ -329,8 +329,7 @@ def fuse_solved(pcg: PCG, start: str, path: tuple[Applied, ...], search: SolvedS
     fusing = fusing_rules(rules)
 
     def priced(g: PCG, grouped: bool) -> tuple[PCG, tuple[MachineView, ...], CostReport] | None:
-        solved = search.solve(g, grouped=grouped)
-        return None if solved is None else (solved, *JointSearch.cost(search, solved))
+        return _solved_priced(search, g, grouped)
 
     first = priced(pcg, False)
     if first is None:
@@ -354,23 +353,28 @@ def grouped_solved(pcg: PCG, start: str, path: tuple[Applied, ...], search: Solv
     applies these: on Inception-tiny's reductions the fused triple looked best flat and ran
     28 % slower on device groups than the pair it hid. A grouped solve of a large graph
     costs seconds, so matches are not tried one by one (Inception-v3 at 48 GPUs took 97 s
-    so, 13 s without)."""
-    def priced(g: PCG) -> tuple[PCG, tuple[MachineView, ...], CostReport] | None:
-        solved = search.solve(g, grouped=True)
-        return None if solved is None else (solved, *JointSearch.cost(search, solved))
-
-    first = priced(pcg)
+    so, 13 s without), and none is made where no such rule matches."""
+    here = sorted((r for r in rules if r.grouped_only and find_matches(pcg, r, limit=1)), key=lambda r: r.id)
+    first = _solved_priced(search, pcg, True) if here else None
     if first is None:
         return None
     cur, solved = Found(pcg, first[1], first[2], start, path), first
-    for rule in sorted((r for r in rules if r.grouped_only), key=lambda r: r.id):
+    for rule in here:
         every = _fuse_every(cur, rule, rule.id, False, None)
         if every is None:
             continue
-        got = priced(every.pcg)
+        got = _solved_priced(search, every.pcg, True)
         if got is not None and got[2].feasible and _faster(got[2], cur.report):
             cur, solved = _batch_kept(cur, every, got), got
     return Found(solved[0], solved[1], solved[2], cur.start, cur.path, search._on_default)
+
+
+def _solved_priced(search: SolvedSearch, g: PCG, grouped: bool
+                   ) -> tuple[PCG, tuple[MachineView, ...], CostReport] | None:
+    """``g`` (a plain graph) as the solver parallelizes it, flat or with device groups, with
+    its views and report (None: the solver has none)."""
+    solved = search.solve(g, grouped=grouped)
+    return None if solved is None else (solved, *JointSearch.cost(search, solved))
 
 
 def _batch_kept(cur: Found, every: Found, got: tuple) -> Found:

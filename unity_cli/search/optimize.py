@@ -28,7 +28,6 @@ from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.machine_view import MachineView, devices_used
 from ..ir.pcg import PCG
 from ..ir.validate import validate
-from ..substitutions.match import find_matches
 from ..substitutions.rule import Rule
 from .baselines import (
     STRATEGIES,
@@ -327,7 +326,7 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
                     found = fused
         except OutOfTime:
             pass
-    if solved and outer.plain is not None and _has_grouped_only(outer.plain.pcg, rules):
+    if solved and outer.plain is not None:
         try:   # the walk's winner (a grouped solve of a large graph costs seconds: one graph)
             got = grouped_solved(outer.plain.pcg, outer.plain.start, outer.plain.path, outer, rules)
             if got is not None and _better(got.report, found.report):
@@ -344,11 +343,6 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
         if _better(theirs.report, ours.report):
             found = Found(alt.pcg, theirs.views, theirs.report, alt.start, alt.path)
     return found, stats + search.stats
-
-
-def _has_grouped_only(pcg: PCG, rules: Sequence[Rule]) -> bool:
-    """Whether a rule only device groups price right matches ``pcg`` (its pass runs then only)."""
-    return any(r.grouped_only and find_matches(pcg, r, limit=1) for r in rules)
 
 
 def _solved(pcg: PCG, cluster: ClusterSpec, config: CostConfig, ev: _Evaluator, start: str) -> Found | None:

@@ -15,7 +15,7 @@ number of equal parts); a constraint says so, so a graph with unequal parts does
 from __future__ import annotations
 
 from ..ir.ops.linear import FUSED_ACTIVATIONS
-from ..ir.ops.shape_ops import BATCH_SWAP, MAX_PERMUTED, all_perm_codes, code_perm, perm_code
+from ..ir.ops.shape_ops import BATCH_SWAP, MAX_PERMUTED, all_perm_codes, code_perm, inverse_code, perm_code
 from ..ir.opspec import OpKind
 from .parallel_rules import (
     Arg,
@@ -265,13 +265,6 @@ def _tail(code: int) -> tuple[int, ...]:
     return tuple(p - len(perm) for p in perm)
 
 
-def _inverse(tail: tuple[int, ...]) -> tuple[int, ...]:
-    inv = [0] * len(tail)
-    for j, p in enumerate(tail):
-        inv[p + len(tail)] = j - len(tail)
-    return tuple(inv)
-
-
 def permute(x: Arg, tail: tuple[int, ...]) -> Expr:
     return op(OpKind.Transpose, x, perm=tail)
 
@@ -314,9 +307,9 @@ def layout_rules() -> list[Rule]:
     out = []
     swap = (-1, -2)
     for code in all_perm_codes():
-        p = _tail(code)
-        out.append(make_rule(f"transpose-cancel-{code}", ("x",), permute(permute("x", p), _inverse(p)), "x",
-                             params=(), doc=f"Transpose(Transpose(x, {list(p)}), {list(_inverse(p))}) = x"))
+        p, q = _tail(code), _tail(inverse_code(code))
+        out.append(make_rule(f"transpose-cancel-{code}", ("x",), permute(permute("x", p), q), "x",
+                             params=(), doc=f"Transpose(Transpose(x, {list(p)}), {list(q)}) = x"))
         if p == swap:
             continue
         for name, first, then in (("after", p, swap), ("before", swap, p)):
@@ -326,7 +319,6 @@ def layout_rules() -> list[Rule]:
                     f"transpose-swap-{name}-{code}", ("x",), permute(permute("x", first), then),
                     permute("x", one), params=(),
                     doc=f"Transpose(Transpose(x, {list(first)}), {list(then)}) = Transpose(x, {list(one)})")))
-        q = _inverse(p)
         for fn in LAYOUT_UNARY:
             out.append(make_rule(f"{fn.lower()}-through-transpose-{code}", ("x",), unary(fn, permute("x", p)),
                                  permute(unary(fn, "x"), p), params=(),
@@ -347,14 +339,14 @@ def layout_rules() -> list[Rule]:
                 constraints=same,
                 doc=f"Transpose({fn}(Transpose(a, {list(p)}), Transpose(b, {list(p)})), {list(q)}) = {fn}(a, b)")))
     for code in all_perm_codes():     # a softmax over the last dim, the swap's too
-        p = _tail(code)
+        p, q = _tail(code), _tail(inverse_code(code))
         t = p[-1]    # the dim the transpose puts last
         out.append(make_rule(f"softmax-through-transpose-{code}", ("x",), softmax(permute("x", p), -1),
                              permute(softmax("x", t), p), params=(),
                              doc=f"Softmax(Transpose(x, {list(p)}), -1) = Transpose(Softmax(x, {t}), {list(p)})"))
         out.append(_one_way(make_rule(f"transpose-cancel-around-softmax-{code}", ("x",),
-                                      permute(softmax(permute("x", p), -1), _inverse(p)), softmax("x", t), params=(),
-                                      doc=f"Transpose(Softmax(Transpose(x, {list(p)}), -1), {list(_inverse(p))}) "
+                                      permute(softmax(permute("x", p), -1), q), softmax("x", t), params=(),
+                                      doc=f"Transpose(Softmax(Transpose(x, {list(p)}), -1), {list(q)}) "
                                           f"= Softmax(x, {t})")))
     p = _tail(BATCH_SWAP)
     out.append(make_rule(f"matmul-through-batch-transpose-{BATCH_SWAP}", ("a", "b"),
