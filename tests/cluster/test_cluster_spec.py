@@ -163,6 +163,19 @@ def test_to_dict_is_canonical_json_and_round_trips() -> None:
     assert parse_cluster(json.loads(json.dumps(summit))).to_dict() == summit
 
 
+def test_a_cache_round_trips_and_only_where_given() -> None:
+    cpu = load_cluster(SPECS / "local-cpu.yaml")
+    device = cpu.nodes[0].device
+    assert (device.cache_capacity, device.cache_bandwidth) == (2**20, 30e9)
+    assert device.bandwidth(2**20) == 30e9 and device.bandwidth(2**20 + 1) == device.memory_bandwidth
+    data = cpu.to_dict()
+    assert data["device_types"]["cpu-core"]["memory"]["cache"] == {"capacity": 2**20, "bandwidth": 30e9}
+    assert parse_cluster(json.loads(json.dumps(data))) == cpu
+    gpu = load_cluster(SPECS / "dgx-a100-8.yaml")
+    assert "cache" not in gpu.to_dict()["device_types"]["a100-40gb"]["memory"]
+    assert gpu.nodes[0].device.bandwidth(1) == gpu.nodes[0].device.memory_bandwidth
+
+
 def test_named_nodes_round_trip() -> None:
     nodes = (NodeSpec("alpha", A100, 2, NVLINK), NodeSpec("node1", A100, 2, NVLINK),
              NodeSpec("node2", A100, 2, NVLINK))
@@ -295,6 +308,17 @@ def test_good_fixture_is_good(tmp_path: Path) -> None:
         (_set("device_types.gpu-a.peak_flops", {}), "device_types.gpu-a.peak_flops",
          "must not be empty"),
         (_set("name", ""), "name", "must not be empty"),
+        # a cache: both fields, inside memory, smaller and faster than memory
+        (_set("device_types.gpu-a.memory.cache", {"capacity": "1 MiB"}), "device_types.gpu-a.memory.cache.bandwidth",
+         "missing required field"),
+        (_set("device_types.gpu-a.memory.cache", {"capacity": "1 MiB", "bandwidth": "1 GB/s"}),
+         "device_types.gpu-a.memory.cache.bandwidth", "must be at least memory.bandwidth"),
+        (_set("device_types.gpu-a.memory.cache", {"capacity": "1 TiB", "bandwidth": "100 TB/s"}),
+         "device_types.gpu-a.memory.cache.capacity", "less than memory.capacity"),
+        (_set("device_types.gpu-a.memory.cache", {"capacity": "0 MiB", "bandwidth": "100 TB/s"}),
+         "device_types.gpu-a.memory.cache.capacity", "must be a positive quantity"),
+        (_set("device_types.gpu-a.memory.cache", {"size": "1 MiB", "bandwidth": "100 TB/s"}),
+         "device_types.gpu-a.memory.cache.size", "unknown key"),
         # names
         (_set("nodes.0.name", "big"), "nodes[0].name", "only a single node"),
         (_set("nodes.1.name", "node0"), "nodes[1].name", "duplicate node name 'node0'"),

@@ -4,7 +4,7 @@ once (float32: 4 bytes, int64: 8). A change to a cost model shows here, with the
 it broke."""
 from __future__ import annotations
 
-import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -65,15 +65,32 @@ def test_a_product_whose_input_wants_no_gradient_skips_its_gemm():
 
 def test_gemm_with_its_bias():
     # [8,16] x [32,16]^T + b[32]: the product as MatMul prices it, then the add of b as
-    # an Add prices it (reads Y and b, writes Y), in one kernel call.
+    # an Add prices it (reads Y and b, writes Y), a pass of its own in the same call.
     a, w, y, b = 4 * 8 * 16, 4 * 32 * 16, 4 * 8 * 32, 4 * 32
     product = OpCost(2 * 8 * 16 * 32, a + w + y, 2 * 2 * 8 * 16 * 32, 2 * (a + w + y) + a + w)
-    add = OpCost(8 * 32, y + b + y, 2 * 8 * 32, 2 * (y + b + y), 0)
-    assert cost(GemmAttrs(trans_b=True), T(8, 16), T(32, 16), T(32)) == product + add
-    # So a Gemm costs what its MatMul and Add cost, less one launch: all that fusing saves.
-    add_op = cost(BinaryAttrs("Add"), T(8, 32), T(32))
-    assert cost(GemmAttrs(), T(8, 16), T(16, 32), T(32)) == \
-        cost(MatMulAttrs(), T(8, 16), T(16, 32)) + dataclasses.replace(add_op, kernels=0)
+    add = OpCost(8 * 32, y + b + y, 2 * 8 * 32, 2 * (y + b + y))
+    assert cost(GemmAttrs(trans_b=True), T(8, 16), T(32, 16), T(32)) == product.followed_by(add)
+
+
+@pytest.mark.parametrize("rows", [8, 4096])
+def test_a_gemm_costs_its_matmul_and_add_less_the_adds_launches(rows):
+    # The runtime runs a Gemm's bias add after its product (and a fused activation after
+    # that), so each pass is timed on its own roofline and added: a compute-bound product
+    # does not hide a memory-bound add. All that fusing saves is the add's launches.
+    from unity_cli.cluster import load_cluster
+    from unity_cli.cost.compute import roofline
+    from unity_cli.ir.dtypes import DType
+    repo = Path(__file__).resolve().parents[2]
+    for spec in ("dgx-a100-8.yaml", "local-cpu.yaml"):
+        device = load_cluster(repo / "cluster_specs" / spec).nodes[0].device
+        t = {k: roofline(c, device, DType.FLOAT32) for k, c in (
+            ("gemm", cost(GemmAttrs(activation="Relu"), T(rows, 512), T(512, 512), T(512))),
+            ("matmul", cost(MatMulAttrs(), T(rows, 512), T(512, 512))),
+            ("add", cost(BinaryAttrs("Add"), T(rows, 512), T(512))),
+            ("relu", cost(UnaryAttrs("Relu"), T(rows, 512))))}
+        launches = 2 * device.launch_overhead, 4 * device.launch_overhead
+        assert t["gemm"].fwd == pytest.approx(t["matmul"].fwd + t["add"].fwd + t["relu"].fwd - launches[0])
+        assert t["gemm"].bwd == pytest.approx(t["matmul"].bwd + t["add"].bwd + t["relu"].bwd - launches[1])
 
 
 def test_conv():

@@ -24,6 +24,7 @@ GiB = 2**30
 # memory.
 CPU_CORE_FLOPS = (("float32", 50e9), ("float64", 25e9))
 CPU_CORE_MEMORY_BANDWIDTH = 10e9
+CPU_CORE_CACHE = (2**20, 30e9)   # a core's L2 (bytes) and what numpy's passes stream from it
 CPU_SHARED_MEMORY_LINK = Link(bandwidth=5e9, latency=2e-6)
 CPU_LAUNCH_OVERHEAD = default_launch_overhead(DeviceKind.CPU)   # the runtime's dispatch per op and pass
 CPU_CORE = "cpu-core"
@@ -83,7 +84,7 @@ def _cpu_node() -> NodeSpec:
     total = _total_memory()
     per_core = total // cores if total else _FALLBACK_MEMORY_PER_CORE
     device = DeviceType(CPU_CORE, DeviceKind.CPU, CPU_CORE_FLOPS, CPU_CORE_MEMORY_BANDWIDTH,
-                        per_core, CPU_LAUNCH_OVERHEAD)
+                        per_core, CPU_LAUNCH_OVERHEAD, *CPU_CORE_CACHE)
     return NodeSpec("node0", device, cores, CPU_SHARED_MEMORY_LINK)
 
 

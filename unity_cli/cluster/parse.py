@@ -54,7 +54,12 @@ _DEVICE_TYPE: dict[str, Any] = {
         },
         "memory": {
             "type": "object",
-            "properties": {"bandwidth": _QUANTITY, "capacity": _QUANTITY},
+            "properties": {"bandwidth": _QUANTITY, "capacity": _QUANTITY, "cache": {
+                "type": "object",
+                "properties": {"bandwidth": _QUANTITY, "capacity": _QUANTITY},
+                "required": ["bandwidth", "capacity"],
+                "additionalProperties": False,
+            }},
             "required": ["bandwidth", "capacity"],
             "additionalProperties": False,
         },
@@ -271,12 +276,23 @@ def _device_type(name: str, body: Mapping[str, Any], source: str, here: str) -> 
     capacity = _quantity(memory["capacity"], Dimension.BYTES, source, f"{here}.memory.capacity")
     if capacity < 1:
         raise _error(source, f"{here}.memory.capacity", f"must be at least 1 byte, got {memory['capacity']}")
+    cache_capacity, cache_bandwidth = 0, 0.0
+    if "cache" in memory:
+        cache = memory["cache"]
+        cache_bandwidth = _quantity(cache["bandwidth"], Dimension.BANDWIDTH, source, f"{here}.memory.cache.bandwidth")
+        cache_capacity = round(_quantity(cache["capacity"], Dimension.BYTES, source, f"{here}.memory.cache.capacity"))
+        if not 1 <= cache_capacity < capacity:
+            raise _error(source, f"{here}.memory.cache.capacity",
+                         f"must be at least 1 byte and less than memory.capacity, got {cache['capacity']}")
+        if cache_bandwidth < bandwidth:
+            raise _error(source, f"{here}.memory.cache.bandwidth",
+                         f"must be at least memory.bandwidth ({memory['bandwidth']}), got {cache['bandwidth']}")
     if "launch_overhead" in body:
         overhead = _quantity(body["launch_overhead"], Dimension.TIME, source,
                              f"{here}.launch_overhead", allow_zero=True)
     else:
         overhead = default_launch_overhead(kind)
-    return DeviceType(name, kind, flops, bandwidth, round(capacity), overhead)
+    return DeviceType(name, kind, flops, bandwidth, round(capacity), overhead, cache_capacity, cache_bandwidth)
 
 
 def _link(body: Mapping[str, Any], source: str, here: str) -> Link:

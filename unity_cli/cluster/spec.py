@@ -59,10 +59,17 @@ class DeviceType:
     memory_bandwidth: float  # bytes/s
     memory_capacity: int  # bytes
     launch_overhead: float  # seconds per kernel launch
+    cache_capacity: int = 0  # bytes a pass may stream from a cache instead (0: none given)
+    cache_bandwidth: float = 0.0  # bytes/s from that cache
 
     def __post_init__(self) -> None:
         # Canonical order, so equal devices compare and serialize equal.
         object.__setattr__(self, "peak_flops", tuple(sorted(self.peak_flops)))
+
+    def bandwidth(self, nbytes: float) -> float:
+        """Bytes/s of one pass over ``nbytes``: the cache's where they fit in it (a CPU
+        core's L2: the small pieces of a step stay there between passes), else memory's."""
+        return self.cache_bandwidth if 0 < nbytes <= self.cache_capacity else self.memory_bandwidth
 
     def flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; a dtype not listed runs at the float32 peak."""
@@ -229,6 +236,8 @@ def _device_type_dict(device: DeviceType) -> dict[str, Any]:
         "memory": {
             "bandwidth": float(device.memory_bandwidth),
             "capacity": int(device.memory_capacity),
+            **({"cache": {"capacity": int(device.cache_capacity), "bandwidth": float(device.cache_bandwidth)}}
+               if device.cache_capacity else {}),
         },
         "launch_overhead": float(device.launch_overhead),
     }

@@ -1,4 +1,7 @@
-"""Compute time of one operator piece on one device: a roofline plus launch overhead."""
+"""Compute time of one operator piece on one device: a roofline plus launch overhead.
+
+Each pass over memory streams at the device's memory bandwidth, or at its cache's where
+the pass's bytes fit in the cache (``DeviceType.bandwidth``; a CPU core's L2)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,11 +26,14 @@ def as_compute_dtype(shape: TensorShape, dtype: DType) -> TensorShape:
 
 def roofline(cost: OpCost, device: DeviceType, dtype: DType) -> PieceTime:
     peak = device.flops(dtype.value)
-    bw = device.memory_bandwidth
+    bw = device.bandwidth
     launch = device.launch_overhead * cost.kernels
-    fwd = max(cost.fwd_flops / peak, cost.fwd_bytes / bw) + launch if cost.kernels else 0.0
-    bwd = max(cost.bwd_flops / peak, cost.bwd_bytes / bw) + device.launch_overhead * cost.bwd_launches \
-        if cost.kernels else 0.0
+    if not cost.kernels:
+        return PieceTime(0.0, 0.0)
+    passes = (cost,) + cost.then     # one after another in the call: each its own roofline
+    fwd = sum(max(c.fwd_flops / peak, c.fwd_bytes / bw(c.fwd_bytes)) for c in passes) + launch
+    bwd = sum(max(c.bwd_flops / peak, c.bwd_bytes / bw(c.bwd_bytes)) for c in passes) \
+        + device.launch_overhead * cost.bwd_launches
     return PieceTime(fwd, bwd)
 
 

@@ -39,6 +39,7 @@ from ..ir.shapes import ParallelTensorShape
 from .compute import piece_shapes, roofline
 from .moves import Move, Structure, device_array, node_moves, phase_seconds, sent_rounded
 from .profile import Profile, piece_key
+from .strides import as_run
 
 __all__ = ["CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate",
            "gather_then_replicate", "layout_sources", "memory_per_device", "node_cost", "stored_layout",
@@ -208,7 +209,8 @@ def cost_of_phases(ctx: CostContext, i: int, views: Mapping[int, MachineView] | 
     device = min((cluster.device_type(d) for d in devices), key=lambda t: t.flops(config.dtype.value))
     inputs = tuple(pcg.shape(r) for r in n.inputs)
     mask = backward_mask(n.spec, inputs, [r in ctx.structure.grads for r in n.inputs])
-    fwd, bwd = _compute_time(n.op, inputs, n.outputs, device, config.dtype, config.profile, mask)
+    fwd, bwd = _compute_time(n.op, inputs, n.outputs, device, config.dtype, config.profile, mask,
+                             i in ctx.structure.copies)
     return NodeCost(i, fwd, bwd, f, b, 0, loss)
 
 
@@ -222,20 +224,21 @@ def _sizes_apart(a: float, b: float) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
-                  profile: Profile | None = None, mask: tuple[bool, ...] | None = None) -> tuple[float, float]:
+def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType, profile: Profile | None = None,
+                  mask: tuple[bool, ...] | None = None, copies: bool = False) -> tuple[float, float]:
     """Forward and backward time of one piece: measured if the profile has it for this
     device type and dtype, else the roofline (cached: candidates share most of their nodes).
     ``mask`` (:func:`~unity_cli.ir.opspec.backward_mask`) says which input gradients its
     backward makes: none, and backward costs nothing (the runtime skips it); some, and a
     selective kernel's backward is priced for those (measured so if the profile has that
-    piece, else its full measurement scaled as the roofline scales)."""
+    piece, else its full measurement scaled as the roofline scales). ``copies``: a Reshape
+    that reads a transposed view, which the CPU runtime copies (:mod:`cost.strides`)."""
     ins = piece_shapes(inputs, dtype)
     outs = piece_shapes(outputs, dtype)
     spec = spec_of(op)
     runs_backward = mask is None or any(mask)
-    part = roofline(spec.cost(op, ins, outs) if mask is None else spec.cost_of_grads(op, ins, outs, mask),
-                    device, dtype)
+    part = roofline(as_run(spec.cost(op, ins, outs) if mask is None else spec.cost_of_grads(op, ins, outs, mask),
+                           spec.kind, device, copies, ins, outs), device, dtype)
     hit = None
     if profile:
         key = piece_op(op, outputs[0])
@@ -243,7 +246,7 @@ def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType,
         if hit is None:
             hit = whole = profile.op_time(device, dtype.value, piece_key(key, ins, outs))
             if whole is not None and mask is not None:   # measured whole: scaled as the roofline scales
-                full = roofline(spec.cost(op, ins, outs), device, dtype)
+                full = roofline(as_run(spec.cost(op, ins, outs), spec.kind, device, copies, ins, outs), device, dtype)
                 hit = replace(whole, bwd=whole.bwd * (part.bwd / full.bwd if full.bwd > 0 else 1.0))
     if hit is not None:
         fwd, bwd = hit.fwd, hit.bwd

@@ -58,6 +58,7 @@ from ..ir.schedule import (
 )
 from ..ir.shapes import ParallelTensorShape
 from .comm import groups_time, link_for
+from .strides import copying_reshapes
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -91,6 +92,7 @@ class Structure:
     sync: dict[int, int]               # resident that carries a weight's gradient sync -> the weight
     residents: dict[int, tuple[int, ...]]   # trainable weight -> its stored layouts
     num_devices: int
+    copies: frozenset[int] = frozenset()    # Reshapes that copy a transposed view on a CPU (cost.strides)
     _keys: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
@@ -111,7 +113,7 @@ class Structure:
                 movable = [i for i in rs if not pcg.nodes[i].spec.is_source]
                 sync[max(movable) if movable else w] = w
         return Structure(pcg, layout, pairs, {p: r for r, p in pairs.items()}, needs_grad(pcg, out),
-                         rank - 1 if ce and rank >= 1 else None, sync, res, num_devices)
+                         rank - 1 if ce and rank >= 1 else None, sync, res, num_devices, copying_reshapes(pcg))
 
     def deps(self, i: int) -> tuple[int, ...]:
         """The nodes besides ``i`` whose views :func:`node_moves` of ``i`` reads."""
@@ -139,7 +141,7 @@ class Structure:
             out = pcg.outputs[0]
             w = self.sync.get(i)
             k = (n.op, n.outputs, self._reads(i), self.active(i), tuple(r in self.grads for r in n.inputs),
-                 i in self.pairs, self._pair_key(i),
+                 i in self.pairs, self._pair_key(i), i in self.copies,
                  (self.class_axis, out in self.grads, self.num_devices) if i == out.node else None,
                  (pcg.nodes[w].outputs, tuple((r == i, pcg.nodes[r].outputs[0], pcg.nodes[r].spec.is_source)
                                               for r in self.residents[w])) if w is not None else None)

@@ -116,6 +116,7 @@ class OpCost:
     bwd_bytes: float
     kernels: int = 1
     bwd_kernels: int | None = None    # kernel calls backward makes (None: two per forward one)
+    then: tuple[OpCost, ...] = ()     # passes the same call makes after this work (:meth:`followed_by`)
 
     def __post_init__(self) -> None:
         if self.bwd_kernels == 2 * self.kernels:   # one spelling of each cost, so costs compare equal
@@ -130,7 +131,14 @@ class OpCost:
             self.bwd_launches + other.bwd_launches
         return OpCost(self.fwd_flops + other.fwd_flops, self.fwd_bytes + other.fwd_bytes,
                       self.bwd_flops + other.bwd_flops, self.bwd_bytes + other.bwd_bytes,
-                      self.kernels + other.kernels, both)
+                      self.kernels + other.kernels, both, self.then + other.then)
+
+    def followed_by(self, stage: OpCost) -> OpCost:
+        """This work, then ``stage``'s in the same call: a pass of its own over memory (a
+        Gemm's bias and activation after its product), priced on its own roofline and added,
+        not hidden under the product's (the kernels run one after the other; ``stage``'s
+        launches are not counted)."""
+        return dataclasses.replace(self, then=self.then + (dataclasses.replace(stage, then=()),) + stage.then)
 
 
 ZERO_COST = OpCost(0.0, 0.0, 0.0, 0.0, 0)

@@ -62,6 +62,7 @@ from ..cost.model import (
     update_seconds,
 )
 from ..cost.moves import node_moves, phase_calls
+from ..cost.strides import copying_reshapes
 from ..deadline import check
 from ..errors import ShapeError
 from ..ir.machine_view import MachineView
@@ -323,21 +324,22 @@ class Tables:
         self.edges = price_table(cluster, config, "solver edges", SHARED_LIMIT)
 
     def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool,
-             grads: frozenset[TensorRef]) -> tuple:
+             grads: frozenset[TensorRef], copies: bool = False) -> tuple:
         """(options, cost per option, memory per option, weight sync per option) of compute
-        node ``i``; ``grads``: the tensors whose gradient flows (backward makes only those)."""
+        node ``i``; ``grads``: the tensors whose gradient flows (backward makes only those);
+        ``copies``: a Reshape of a transposed view (``cost.strides.copying_reshapes``)."""
         n = pcg.nodes[i]
         kinds = tuple(_source_kind(pcg.nodes[r.node]) for r in n.inputs)
         inputs = tuple(pcg.shape(r) for r in n.inputs)
         mask = backward_mask(n.spec, inputs, [r in grads for r in n.inputs])
-        key = (n.op, inputs, kinds, mesh, returned, mask)
+        key = (n.op, inputs, kinds, mesh, returned, mask, copies)
         hit = self.nodes.get(key)
         if hit is None:
-            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask)
+            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask, copies)
         return hit
 
     def _node(self, pcg: PCG, n: Node, mesh: tuple[int, int], returned: bool, kinds: tuple,
-              mask: tuple[bool, ...] | None) -> tuple:
+              mask: tuple[bool, ...] | None, copies: bool) -> tuple:
         config, pricer, device = self.config, self.pricer, self.device
         opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
         if not opts:
@@ -346,7 +348,7 @@ class Tables:
         states = 2 + config.optimizer.states
         costs, mems, syncs = [], [], []
         for o in opts:
-            fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile, mask)
+            fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile, mask, copies)
             t = fwd + bwd
             sync = 0.0
             mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
@@ -411,11 +413,13 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     node_sync: dict[int, tuple[float, ...]] = {}
     returned = {r.node for r in pcg.outputs}
     grads = needs_grad(pcg, pcg.outputs[0])
+    copies = copying_reshapes(pcg)
     keys = {}
     on = {i: mesh if meshes is None else meshes.get(i, mesh) for i in nodes}
     for i in nodes:
         check()
-        options[i], node_cost[i], node_memory[i], node_sync[i] = tables.node(pcg, i, on[i], i in returned, grads)
+        priced = tables.node(pcg, i, on[i], i in returned, grads, i in copies)
+        options[i], node_cost[i], node_memory[i], node_sync[i] = priced
         keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned, on[i])
     edges, edge_memory = [], []
     for v in nodes:

@@ -330,10 +330,9 @@ class Gemm(OpSpec):
             bias = streaming_cost([outputs[0], inputs[2]], outputs)
             if not wanted[2]:
                 bias = replace(bias, bwd_flops=0.0, bwd_bytes=0.0)
-            cost = cost + replace(bias, kernels=0, bwd_kernels=0)
+            cost = cost.followed_by(bias)
         if attrs.activation:    # the activation priced as its Unary prices it, in the same call
-            act = spec_by_kind(OpKind.Unary).cost(UnaryAttrs(attrs.activation), outputs, outputs)
-            cost = cost + replace(act, kernels=0, bwd_kernels=0)
+            cost = cost.followed_by(spec_by_kind(OpKind.Unary).cost(UnaryAttrs(attrs.activation), outputs, outputs))
         return cost
 
     def encode(self, s, attrs, x, ins, outs):
