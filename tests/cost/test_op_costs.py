@@ -53,14 +53,19 @@ def test_a_product_whose_input_wants_no_gradient_skips_its_gemm():
     assert spec.cost_of_grads(MatMulAttrs(), ins, outs, (True, False)) == \
         OpCost(2 * 8 * 32 * 16, a + b + y, 2 * 8 * 32 * 16, y + b + 2 * a, 1, 1)
     assert spec.cost_of_grads(MatMulAttrs(), ins, outs, (True, True)) == spec.cost(MatMulAttrs(), ins, outs)
-    # A Conv reading the image: dW and the bias' reduction, no dX.
+    # A Conv reading the image: dW (the image unfolded again, a product per image, their
+    # sum) and the bias' reduction, no dX.
     conv = ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
-    x, w, yb, bias = 4 * 2 * 3 * 8 * 8, 4 * 4 * 3 * 3 * 3, 4 * 2 * 4 * 8 * 8, 4 * 4
+    x, w, y, bias = 4 * 2 * 3 * 8 * 8, 4 * 4 * 3 * 3 * 3, 4 * 2 * 4 * 8 * 8, 4 * 4
+    cols, padded = 4 * 2 * 27 * 64, 4 * 2 * 3 * 10 * 10
+    unfold = x + padded + 2 * cols
     ins = (T(2, 3, 8, 8), T(4, 3, 3, 3), T(4))
     outs = spec_of(conv).infer(conv, ins)
     flops = 2 * (2 * 4 * 8 * 8) * 27
     assert spec_of(conv).cost_of_grads(conv, ins, outs, (False, True, True)) == \
-        OpCost(flops + 2 * 4 * 8 * 8, x + w + bias + yb, flops + 2 * (2 * 4 * 8 * 8), yb + x + 2 * w + 2 * bias, 1, 1)
+        OpCost(flops, cols + w + y, flops, y + cols + 2 * w, 1, 1) \
+        .followed_by(OpCost(0, unfold, 0, unfold + 2 * 2 * w)) \
+        .followed_by(OpCost(2 * 4 * 8 * 8, 2 * y + bias, 2 * 4 * 8 * 8, y + bias))
 
 
 def test_gemm_with_its_bias():
@@ -94,11 +99,23 @@ def test_a_gemm_costs_its_matmul_and_add_less_the_adds_launches(rows):
 
 
 def test_conv():
-    # 2x3x8x8 with 4 filters of 3x3x3, pad 1: 2*4*8*8 outputs of 27 multiply-adds.
+    # 2x3x8x8 with 4 filters of 3x3x3, pad 1: 2*4*8*8 outputs of 27 multiply-adds, a product
+    # of W and the unfolded image (cols: each of the 9 offsets' 3x8x8 slices, per image).
     x, w, y = 4 * 2 * 3 * 8 * 8, 4 * 4 * 3 * 3 * 3, 4 * 2 * 4 * 8 * 8
+    cols, padded = 4 * 2 * 27 * 64, 4 * 2 * 3 * 10 * 10
     flops = 2 * (2 * 4 * 8 * 8) * 27
+    product = OpCost(flops, cols + w + y, 2 * flops, 2 * (cols + w + y) + cols + w)
+    # Forward pads (reads x, writes the padded image) and unfolds (reads the slices, writes
+    # cols); backward unfolds again for dW and sums the two images' products, and adds dX's
+    # unfolded gradient slice by slice into a zeroed padded gradient (reads the slice, reads
+    # and writes the gradient).
+    unfold = x + padded + 2 * cols
+    passes = OpCost(0, unfold, 0, unfold + 2 * 2 * w + padded + 3 * cols)
     assert cost(ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), T(2, 3, 8, 8), T(4, 3, 3, 3)) == \
-        OpCost(flops, x + w + y, 2 * flops, 2 * (x + w + y) + x + w)
+        product.followed_by(passes)
+    # Without pads there is no padded copy; a 1x1 conv still copies its one slice.
+    one = cost(ConvAttrs((1, 1), (1, 1), (0, 0, 0, 0), (1, 1)), T(2, 3, 8, 8), T(4, 3, 1, 1))
+    assert one.then[0].fwd_bytes == 2 * x
 
 
 @pytest.mark.parametrize("fn,per", [("Relu", 1), ("Gelu", 24), ("Sigmoid", 8), ("Softsign", 3)])

@@ -309,19 +309,34 @@ class Conv(OpSpec):
         return self.cost_of_grads(attrs, inputs, outputs, (True,) * len(inputs))
 
     def cost_of_grads(self, attrs, inputs, outputs, wanted):
-        """A product of the unfolded input and the kernel (backward: ``dX`` and ``dW``
-        those ``wanted``, each a product as large), plus the bias: one pass over ``Y``
-        forward, its reduction backward."""
+        """As the kernels run it: forward pads the image (where there are pads), unfolds it
+        (each kernel offset's slice copied into ``cols``, ``K`` times the image), multiplies
+        ``W`` by ``cols`` and adds the bias, each a pass of its own. Backward's ``dW``
+        unfolds again, multiplies per image and sums the images' products; its ``dX``
+        multiplies into unfolded gradients and adds each offset's slice into a zeroed,
+        padded gradient. The bias' gradient is a reduction of ``dY``."""
         x, w = inputs[0], inputs[1]
         y = outputs[0]
-        macs = 2.0 * y.numel * (w.dims[1] * math.prod(attrs.kernel))
-        bwd_flops, bwd_bytes, kernels, bwd_kernels = product_grads(macs, x, w, y, (bool(wanted[0]), bool(wanted[1])))
-        bias = len(inputs) == 3
-        if bias and wanted[2]:
-            bwd_flops, bwd_bytes = bwd_flops + 2.0 * y.numel, bwd_bytes + 2.0 * inputs[2].nbytes
-        moved = float(sum(s.nbytes for s in inputs) + y.nbytes)
-        return OpCost(macs + (y.numel if bias else 0), moved, bwd_flops, bwd_bytes, kernels,
-                      bwd_kernels or int(bias and bool(wanted[2])))
+        taps = math.prod(attrs.kernel)
+        macs = 2.0 * y.numel * (w.dims[1] * taps)
+        item = x.dtype.itemsize
+        cols = TensorShape((x.dims[0], x.dims[1] * taps, math.prod(y.dims[2:])), x.dtype)
+        padded = x.dims[0] * x.dims[1] * math.prod(d + a + b for d, a, b in zip(
+            x.dims[2:], attrs.pads[:len(attrs.kernel)], attrs.pads[len(attrs.kernel):], strict=True)) * item
+        pad = x.nbytes + padded if any(attrs.pads) else 0.0
+        unfold = pad + 2.0 * cols.nbytes
+        want_x, want_w = bool(wanted[0]), bool(wanted[1])
+        bwd_flops, bwd_bytes, kernels, bwd_kernels = product_grads(macs, cols, w, y, (want_x, want_w))
+        want_b = len(inputs) == 3 and bool(wanted[2])
+        cost = OpCost(macs, float(cols.nbytes + w.nbytes + y.nbytes), bwd_flops, bwd_bytes, kernels,
+                      bwd_kernels or int(want_b))
+        cost = cost.followed_by(OpCost(0.0, unfold, 0.0, want_w * (unfold + 2.0 * x.dims[0] * w.nbytes)
+                                       + want_x * (padded + 3.0 * cols.nbytes)))
+        if len(inputs) == 3:
+            b = inputs[2]
+            cost = cost.followed_by(OpCost(y.numel, 2.0 * y.nbytes + b.nbytes, want_b * float(y.numel),
+                                           want_b * float(y.nbytes + b.nbytes)))
+        return cost
 
     def encode(self, s, attrs, x, ins, outs):   # the bias, when there is one, is another term: not modelled
         return [s.conv(conv_config(attrs), x[0], x[1])] if len(x) == 2 else None
