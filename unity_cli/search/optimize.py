@@ -45,6 +45,7 @@ from .joint import (
     JointSearch,
     SearchStats,
     SolvedSearch,
+    faster,
     fuse_activations,
     fuse_solved,
     grouped_solved,
@@ -333,15 +334,20 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
                 found = got
         except OutOfTime:
             pass
-    alt = search.best_default
-    if alt is not None and alt.pcg.node_hashes != found.pcg.node_hashes:
-        # The best is laid out by the solver's device groups; the best on the default views
-        # may still come out faster once the machine-mapping DP lays it out (its parallel
-        # regions can split their devices too), as ``_search`` lays out the best.
-        ours, theirs = (ev(Baseline(Strategy.UNITY, f.pcg, devices_used(f.pcg, f.views), ""), (f.views, f.report))
-                        for f in (found, alt))
-        if _better(theirs.report, ours.report):
-            found = Found(alt.pcg, theirs.views, theirs.report, alt.start, alt.path)
+    # The best may be laid out by the solver's device groups, or be a hair faster than
+    # others on the default views; the fastest on the default views may still come out
+    # faster once the machine-mapping DP lays them out (its parallel regions can split
+    # their devices too), as ``_search`` lays out the best.
+    others = [f for f in search.finalists if f.pcg.node_hashes != found.pcg.node_hashes]
+    if others:
+        mapped = [ev(Baseline(Strategy.UNITY, f.pcg, devices_used(f.pcg, f.views), ""), (f.views, f.report))
+                  for f in [found] + others]
+        best, chosen = mapped[0], None
+        for f, m in zip(others, mapped[1:], strict=True):
+            if faster(m.report, best.report):     # beyond float noise: a tie keeps the fewer rewrites
+                best, chosen = m, f
+        if chosen is not None:
+            found = Found(chosen.pcg, best.views, best.report, chosen.start, chosen.path)
     return found, stats + search.stats
 
 
