@@ -1,7 +1,7 @@
 """On a CPU the runtime's transposes are views and numpy keeps a permuted layout through
 elementwise results, so a copy is made only where a Reshape reads a tensor it cannot
 regroup in place (cost/strides.py). Checked against numpy itself: random programs of
-transposes, splits, activations, sums, softmax and reshapes run through the runtime's
+transposes, splits, strided slices, activations, sums, softmax and reshapes run through the runtime's
 kernels, and a Reshape copies exactly where the analysis says; then the prices follow."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from unity_cli.cost.strides import copying_reshapes
 from unity_cli.ir.ops.elementwise import BinaryAttrs, UnaryAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.norm import SoftmaxAttrs
-from unity_cli.ir.ops.shape_ops import ReshapeAttrs, SplitAttrs, TransposeAttrs
+from unity_cli.ir.ops.shape_ops import ReshapeAttrs, SliceAttrs, SplitAttrs, TransposeAttrs
 from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
 from unity_cli.ir.pcg import PCG, GraphBuilder, TensorRef
 from unity_cli.ir.shapes import TensorShape
@@ -34,7 +34,7 @@ def _random_program(rng: np.random.Generator, steps: int) -> PCG:
         x = live[int(rng.integers(len(live)))]
         sizes = b.shape(x).sizes
         rank = len(sizes)
-        choice = rng.choice(["transpose", "relu", "add", "softmax", "reshape", "split"])
+        choice = rng.choice(["transpose", "relu", "add", "softmax", "reshape", "split", "slice"])
         if choice == "transpose":
             op, ins = TransposeAttrs(tuple(int(p) for p in rng.permutation(rank))), [x]
         elif choice == "relu":
@@ -50,6 +50,12 @@ def _random_program(rng: np.random.Generator, steps: int) -> PCG:
                 continue
             cut = int(rng.integers(1, sizes[axis]))
             op, ins = SplitAttrs(axis, (cut, sizes[axis] - cut)), [x]
+        elif choice == "slice":   # every other index of one dim, or its first part
+            axis = int(rng.integers(rank))
+            if sizes[axis] < 2:
+                continue
+            cut = (0, sizes[axis], 2) if rng.random() < 0.5 else (0, sizes[axis] - 1, 1)
+            op, ins = SliceAttrs(tuple(cut if d == axis else (0, n, 1) for d, n in enumerate(sizes))), [x]
         else:    # merge two neighbouring dims, or split one back into its factors
             if rank > 2 and rng.random() < 0.7:
                 j = int(rng.integers(rank - 1))
@@ -112,7 +118,7 @@ def test_on_a_cpu_the_transpose_is_its_dispatch_and_the_reshape_that_copies_pays
     assert copying_reshapes(merged) == {i for i, n in merged if n.name == "merge"}
     t = _seconds(merged, cpu)
     assert t["to_heads"] == pytest.approx((device.launch_overhead, 2 * device.launch_overhead))
-    assert t["merge"] == pytest.approx((device.launch_overhead + moved / device.bandwidth(moved), 0.0))
+    assert t["merge"] == pytest.approx((device.launch_overhead + moved / device.memory_bandwidth, 0.0))   # out of order
     assert t["split_heads"] == (0.0, 0.0)
     # The heads put back in place: nothing to copy, and the two transposes cost dispatches.
     back = _attention_heads(permute_back=True)
@@ -145,3 +151,26 @@ def test_the_cache_prices_a_small_pass_at_its_bandwidth_and_a_large_one_at_memor
     assert relu_seconds(fits) == pytest.approx(8 * fits / device.cache_bandwidth)
     assert relu_seconds(over) == pytest.approx(8 * over / device.memory_bandwidth)
     assert math.isclose(device.bandwidth(0), device.memory_bandwidth)
+
+
+def test_a_transposed_weight_pays_backward_the_copy_of_its_gradient():
+    """Backward, a Transpose of a weight hands the weight its gradient as a transposed
+    view, which the sync's buffer copy reads out of order: the Transpose pays that copy
+    backward, at memory's bandwidth (no cache serves an out-of-order read). A Transpose of
+    an activation, whose gradient an elementwise backward reads in any order, does not."""
+    from unity_cli.ir.ops.elementwise import BinaryAttrs
+
+    cpu = load_cluster(REPO / "cluster_specs" / "local-cpu.yaml")
+    device = cpu.nodes[0].device
+    b = GraphBuilder()
+    x = b.add1(InputAttrs(TensorShape((64, 256))), name="x")
+    w = b.add1(WeightAttrs(TensorShape((128, 256))), name="w")
+    wt = b.add1(TransposeAttrs((1, 0)), [w], name="wt")
+    y = b.add1(MatMulAttrs(), [x, wt], name="mm")
+    yt = b.add1(TransposeAttrs((1, 0)), [y], name="yt")
+    g = b.build([b.add1(BinaryAttrs("Add"), [yt, yt], name="out")])
+    t = _seconds(g, cpu)
+    moved = 2 * 128 * 256 * 4
+    launch = device.launch_overhead
+    assert t["wt"] == pytest.approx((launch, 2 * launch + moved / device.memory_bandwidth))
+    assert t["yt"] == pytest.approx((device.launch_overhead, 2 * device.launch_overhead))

@@ -58,7 +58,7 @@ from ..ir.schedule import (
 )
 from ..ir.shapes import ParallelTensorShape
 from .comm import groups_time, link_for
-from .strides import copying_reshapes
+from .strides import copies as runtime_copies
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -92,7 +92,7 @@ class Structure:
     sync: dict[int, int]               # resident that carries a weight's gradient sync -> the weight
     residents: dict[int, tuple[int, ...]]   # trainable weight -> its stored layouts
     num_devices: int
-    copies: frozenset[int] = frozenset()    # Reshapes that copy a transposed view on a CPU (cost.strides)
+    copies: frozenset[int] = frozenset()    # where a CPU makes a transposing copy (cost.strides.copies)
     _keys: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
@@ -113,7 +113,7 @@ class Structure:
                 movable = [i for i in rs if not pcg.nodes[i].spec.is_source]
                 sync[max(movable) if movable else w] = w
         return Structure(pcg, layout, pairs, {p: r for r, p in pairs.items()}, needs_grad(pcg, out),
-                         rank - 1 if ce and rank >= 1 else None, sync, res, num_devices, copying_reshapes(pcg))
+                         rank - 1 if ce and rank >= 1 else None, sync, res, num_devices, runtime_copies(pcg))
 
     def deps(self, i: int) -> tuple[int, ...]:
         """The nodes besides ``i`` whose views :func:`node_moves` of ``i`` reads."""

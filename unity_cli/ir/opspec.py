@@ -117,6 +117,7 @@ class OpCost:
     kernels: int = 1
     bwd_kernels: int | None = None    # kernel calls backward makes (None: two per forward one)
     then: tuple[OpCost, ...] = ()     # passes the same call makes after this work (:meth:`followed_by`)
+    strided: bool = False             # its bytes are read out of order (a transposing copy): no cache serves them
 
     def __post_init__(self) -> None:
         if self.bwd_kernels == 2 * self.kernels:   # one spelling of each cost, so costs compare equal
@@ -131,7 +132,7 @@ class OpCost:
             self.bwd_launches + other.bwd_launches
         return OpCost(self.fwd_flops + other.fwd_flops, self.fwd_bytes + other.fwd_bytes,
                       self.bwd_flops + other.bwd_flops, self.bwd_bytes + other.bwd_bytes,
-                      self.kernels + other.kernels, both, self.then + other.then)
+                      self.kernels + other.kernels, both, self.then + other.then, self.strided or other.strided)
 
     def followed_by(self, stage: OpCost) -> OpCost:
         """This work, then ``stage``'s in the same call: a pass of its own over memory (a

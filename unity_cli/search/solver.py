@@ -62,7 +62,7 @@ from ..cost.model import (
     update_seconds,
 )
 from ..cost.moves import node_moves, phase_calls
-from ..cost.strides import copying_reshapes
+from ..cost.strides import copies as runtime_copies
 from ..deadline import check
 from ..errors import ShapeError
 from ..ir.machine_view import MachineView
@@ -327,7 +327,7 @@ class Tables:
              grads: frozenset[TensorRef], copies: bool = False) -> tuple:
         """(options, cost per option, memory per option, weight sync per option) of compute
         node ``i``; ``grads``: the tensors whose gradient flows (backward makes only those);
-        ``copies``: a Reshape of a transposed view (``cost.strides.copying_reshapes``)."""
+        ``copies``: where a CPU makes a transposing copy (``cost.strides.copies``)."""
         n = pcg.nodes[i]
         kinds = tuple(_source_kind(pcg.nodes[r.node]) for r in n.inputs)
         inputs = tuple(pcg.shape(r) for r in n.inputs)
@@ -413,7 +413,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     node_sync: dict[int, tuple[float, ...]] = {}
     returned = {r.node for r in pcg.outputs}
     grads = needs_grad(pcg, pcg.outputs[0])
-    copies = copying_reshapes(pcg)
+    copies = runtime_copies(pcg)
     keys = {}
     on = {i: mesh if meshes is None else meshes.get(i, mesh) for i in nodes}
     for i in nodes:
