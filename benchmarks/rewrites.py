@@ -4,10 +4,12 @@ alternating), beside the gain the cost model predicts for the rewrite: with the 
 spec's roofline (what `unity optimize` uses by default), and with a profile of this machine
 (`mpiexec -n 2 unity profile --plan`, the plans' pieces timed inside training steps).
 
-A rewrite whose predicted gain the measurement does not show is a cost-model error; the
-last two columns say whether each prediction (the spec's, the profiled) and the measurement
-agree: both a gain, both a loss, or both within the noise (5 %: runs of one plan differ by
-about that much).
+The measured gain is the median over the rounds of each round's gain (the two plans run
+side by side in it), with the quartiles of those gains beside it: a machine whose load
+moves shows there. A rewrite whose predicted gain the measurement does not show is a
+cost-model error; the last two columns say whether each prediction (the spec's, the
+profiled) and the measurement agree: both a gain, both a loss, or both within 5 % of even,
+or the prediction inside the measured quartiles (the measurement cannot tell it apart).
 
     python benchmarks/rewrites.py [--rounds 5] [--steps 10] [--width 256] [--batch 256]
                                   [--only RULE ...] [--out benchmarks/results/rewrites.md]
@@ -66,6 +68,18 @@ def predicted_ms(plan: Path, config: CostConfig) -> float:
     return estimate(p.pcg, p.views, p.cluster, config).step_time * 1e3
 
 
+def measured_gain(as_is: list[float], rewritten: list[float]) -> tuple[float, float, float]:
+    """The median and quartiles of the rounds' gains, each as is / rewritten in one round."""
+    q1, median, q3 = statistics.quantiles([a / b for a, b in zip(as_is, rewritten, strict=True)], n=4,
+                                          method="inclusive")
+    return median, q1, q3
+
+
+def agrees(predicted: float, measured: tuple[float, float, float]) -> bool:
+    median, q1, q3 = measured
+    return verdict(predicted) == verdict(median) or q1 <= predicted <= q3
+
+
 def verdict(gain: float) -> str:
     return "gain" if gain > 1 + NOISE else "loss" if gain < 1 - NOISE else "even"
 
@@ -107,13 +121,15 @@ def main() -> int:
             ma, mb = (statistics.median(times[p]) for p in (a, b))
             sa, sb = (predicted_ms(p, sgd) for p in (a, b))
             pa, pb = (predicted_ms(p, profiled) for p in (a, b))
-            meas, by_spec, pred = ma / mb, sa / sb, pa / pb
-            agree = ("yes" if verdict(meas) == verdict(p) else "no" for p in (by_spec, pred))
-            rows.append(f"| {rule} | {make.__name__} | {ma:.2f} | {mb:.2f} | {meas:.3f}x | {by_spec:.3f}x "
-                        f"| {pa:.2f} | {pb:.2f} | {pred:.3f}x | {' | '.join(agree)} |")
+            meas, by_spec, pred = measured_gain(times[a], times[b]), sa / sb, pa / pb
+            agree = ("yes" if agrees(p, meas) else "no" for p in (by_spec, pred))
+            rows.append(f"| {rule} | {make.__name__} | {ma:.2f} | {mb:.2f} | {meas[0]:.3f}x "
+                        f"({meas[1]:.2f}-{meas[2]:.2f}) | {by_spec:.3f}x | {pa:.2f} | {pb:.2f} | {pred:.3f}x "
+                        f"| {' | '.join(agree)} |")
     lines = [f"2 CPU ranks x 1 thread, data parallel, sgd; width {args.width}, batch {args.batch}; medians of "
              f"{args.rounds} alternating rounds of {args.steps} steps; load average up to {load:.1f} on "
-             f"{os.cpu_count()} cores. Gain: time as is / time rewritten.", "",
+             f"{os.cpu_count()} cores. Gain: time as is / time rewritten; measured: the median of the "
+             f"rounds' gains (their quartiles).", "",
              "| family instance | model | measured as is (ms) | rewritten (ms) | measured gain "
              "| predicted gain (spec) | profiled as is (ms) | rewritten (ms) | predicted gain (profiled) "
              "| agree (spec) | agree (profiled) |",
