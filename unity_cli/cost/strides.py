@@ -36,7 +36,7 @@ VIEWS = frozenset({OpKind.Split, OpKind.Slice, OpKind.Repartition})
 """Kinds whose outputs are views of their input, with its strides."""
 
 
-def memory_orders(pcg: PCG) -> list[tuple[int, ...] | None]:
+def memory_strides(pcg: PCG) -> list[tuple[int, ...] | None]:
     """Per node, the strides (in elements) of its outputs as numpy lays them out, where a
     transpose or a split left them other than row-major; None where they are row-major
     (shapes as the graph has them, whole: how the runtime cuts pieces is not followed)."""
@@ -68,7 +68,7 @@ def memory_orders(pcg: PCG) -> list[tuple[int, ...] | None]:
 def copying_reshapes(pcg: PCG) -> frozenset[int]:
     """The Reshapes that read a permuted tensor whose dims numpy cannot regroup in place:
     it copies there."""
-    strides = memory_orders(pcg)
+    strides = memory_strides(pcg)
     return frozenset(i for i, n in pcg if isinstance(n.op, ReshapeAttrs) and strides[n.inputs[0].node] is not None
                      and _reshaped(pcg.shape(n.inputs[0]).sizes, strides[n.inputs[0].node], n.outputs[0].sizes)
                      is None)
