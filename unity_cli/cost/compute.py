@@ -32,11 +32,11 @@ def roofline(cost: OpCost, device: DeviceType, dtype: DType) -> PieceTime:
     def bw(c: OpCost, nbytes: float) -> float:
         return device.memory_bandwidth if c.strided else device.bandwidth(nbytes)
 
-    launch = device.launch_overhead * cost.kernels
     if not cost.kernels:
         return PieceTime(0.0, 0.0)
     passes = (cost,) + cost.then     # one after another in the call: each its own roofline
-    fwd = sum(max(c.fwd_flops / peak, c.fwd_bytes / bw(c, c.fwd_bytes)) for c in passes) + launch
+    fwd = sum(max(c.fwd_flops / peak, c.fwd_bytes / bw(c, c.fwd_bytes)) for c in passes) \
+        + device.launch_overhead * cost.kernels
     bwd = sum(max(c.bwd_flops / peak, c.bwd_bytes / bw(c, c.bwd_bytes)) for c in passes) \
         + device.launch_overhead * cost.bwd_launches
     return PieceTime(fwd, bwd)

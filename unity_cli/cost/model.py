@@ -40,6 +40,7 @@ from .compute import piece_shapes, roofline
 from .moves import Move, Structure, device_array, node_moves, phase_seconds, sent_rounded
 from .profile import Profile, piece_key
 from .strides import as_run
+from .strides import copies as runtime_copies
 
 __all__ = ["CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate",
            "gather_then_replicate", "layout_sources", "memory_per_device", "node_cost", "stored_layout",
@@ -138,7 +139,7 @@ class CostContext:
 
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
-        st = Structure.of(pcg, cluster.num_devices, config.loss)
+        st = Structure.of(pcg, cluster.num_devices, config.loss, runtime_copies(pcg, cluster))
         return CostContext(pcg, cluster, config, st.layout, st.pairs, st,
                            price_table(cluster, config, "nodes", NODE_CACHE_LIMIT))
 
@@ -231,8 +232,8 @@ def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType, profi
     ``mask`` (:func:`~unity_cli.ir.opspec.backward_mask`) says which input gradients its
     backward makes: none, and backward costs nothing (the runtime skips it); some, and a
     selective kernel's backward is priced for those (measured so if the profile has that
-    piece, else its full measurement scaled as the roofline scales). ``copies``: a Reshape
-    that reads a transposed view, which the CPU runtime copies (:mod:`cost.strides`)."""
+    piece, else its full measurement scaled as the roofline scales). ``copies``: the piece
+    makes a transposing copy on a CPU (``cost.strides.copies``)."""
     ins = piece_shapes(inputs, dtype)
     outs = piece_shapes(outputs, dtype)
     spec = spec_of(op)

@@ -58,7 +58,6 @@ from ..ir.schedule import (
 )
 from ..ir.shapes import ParallelTensorShape
 from .comm import groups_time, link_for
-from .strides import copies as runtime_copies
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -96,9 +95,11 @@ class Structure:
     _keys: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
-    def of(pcg: PCG, num_devices: int, loss: str = "auto") -> Structure:
+    def of(pcg: PCG, num_devices: int, loss: str = "auto", copies: frozenset[int] = frozenset()) -> Structure:
         """``loss``: ``auto`` (cross entropy when the output looks like logits, as ``unity
-        run`` picks with synthetic data), ``cross_entropy`` or ``mse``."""
+        run`` picks with synthetic data), ``cross_entropy`` or ``mse``; ``copies``: the
+        nodes where a CPU makes a transposing copy (``cost.strides.copies``), which a
+        node's price depends on."""
         layout = tuple(layout_sources(pcg))
         pairs = gather_then_replicate(pcg, layout)
         out = pcg.outputs[0]
@@ -113,7 +114,7 @@ class Structure:
                 movable = [i for i in rs if not pcg.nodes[i].spec.is_source]
                 sync[max(movable) if movable else w] = w
         return Structure(pcg, layout, pairs, {p: r for r, p in pairs.items()}, needs_grad(pcg, out),
-                         rank - 1 if ce and rank >= 1 else None, sync, res, num_devices, runtime_copies(pcg))
+                         rank - 1 if ce and rank >= 1 else None, sync, res, num_devices, copies)
 
     def deps(self, i: int) -> tuple[int, ...]:
         """The nodes besides ``i`` whose views :func:`node_moves` of ``i`` reads."""

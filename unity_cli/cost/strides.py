@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..cluster.spec import DeviceKind, DeviceType
+from ..cluster.spec import ClusterSpec, DeviceKind, DeviceType
 from ..ir.ops.shape_ops import ReshapeAttrs, SliceAttrs, TransposeAttrs
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import OpCost, OpKind
@@ -36,12 +36,15 @@ VIEWS = frozenset({OpKind.Split, OpKind.Slice, OpKind.Repartition})
 """Kinds whose outputs are views of their input, with its strides."""
 
 
-def memory_strides(pcg: PCG) -> list[tuple[int, ...] | None]:
-    """Per node, the strides (in elements) of its outputs as numpy lays them out, where a
-    transpose or a split left them other than row-major; None where they are row-major
-    (shapes as the graph has them, whole: how the runtime cuts pieces is not followed)."""
-    strides: list[tuple[int, ...] | None] = []
-    for _, n in pcg:
+def copying_reshapes(pcg: PCG) -> frozenset[int]:
+    """The Reshapes that read a permuted tensor whose dims numpy cannot regroup in place:
+    it copies there. Found by following, node by node, the strides (in elements) of each
+    output as numpy lays it out, where a transpose or a split left them other than
+    row-major (shapes as the graph has them, whole: how the runtime cuts pieces is not
+    followed)."""
+    strides: list[tuple[int, ...] | None] = []   # None: row-major
+    copying = set()
+    for i, n in pcg:
         sizes = n.outputs[0].sizes
         ins = [strides[r.node] for r in n.inputs]
         out = None
@@ -50,6 +53,8 @@ def memory_strides(pcg: PCG) -> list[tuple[int, ...] | None]:
             out = tuple(x[p] for p in n.op.perm)
         elif isinstance(n.op, ReshapeAttrs) and ins[0] is not None:
             out = _reshaped(pcg.shape(n.inputs[0]).sizes, ins[0], sizes)
+            if out is None:
+                copying.add(i)
         elif n.spec.kind in VIEWS:
             out = ins[0] or _row_major(pcg.shape(n.inputs[0]).sizes)
             if isinstance(n.op, SliceAttrs):     # a step strides its dim further
@@ -62,16 +67,7 @@ def memory_strides(pcg: PCG) -> list[tuple[int, ...] | None]:
             if len(orders) == 1:
                 out = _dense(sizes, orders.pop())
         strides.append(None if out is None or _plain(out, sizes) else out)
-    return strides
-
-
-def copying_reshapes(pcg: PCG) -> frozenset[int]:
-    """The Reshapes that read a permuted tensor whose dims numpy cannot regroup in place:
-    it copies there."""
-    strides = memory_strides(pcg)
-    return frozenset(i for i, n in pcg if isinstance(n.op, ReshapeAttrs) and strides[n.inputs[0].node] is not None
-                     and _reshaped(pcg.shape(n.inputs[0]).sizes, strides[n.inputs[0].node], n.outputs[0].sizes)
-                     is None)
+    return frozenset(copying)
 
 
 def weight_transposes(pcg: PCG) -> frozenset[int]:
@@ -87,9 +83,12 @@ def weight_transposes(pcg: PCG) -> frozenset[int]:
     return frozenset(i for i, n in pcg if isinstance(n.op, TransposeAttrs) and source(n.inputs[0].node))
 
 
-def copies(pcg: PCG) -> frozenset[int]:
+def copies(pcg: PCG, cluster: ClusterSpec) -> frozenset[int]:
     """The nodes where the CPU runtime makes a transposing copy: :func:`copying_reshapes`
-    (forward) and :func:`weight_transposes` (backward)."""
+    (forward) and :func:`weight_transposes` (backward); none on a cluster without CPU
+    devices, where nothing reads them (:func:`as_run`)."""
+    if all(node.device.kind is not DeviceKind.CPU for node in cluster.nodes):
+        return frozenset()
     return copying_reshapes(pcg) | weight_transposes(pcg)
 
 

@@ -11,7 +11,6 @@ Ties break on the canonical hash, so the result does not depend on PYTHONHASHSEE
 """
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 import time
@@ -136,15 +135,12 @@ class JointSearch:
     def _found(self, f: Found) -> None:
         if not f.on_default:
             return
-        kept = self.finalists
-        same = next((k for k, g in enumerate(kept) if g.pcg.node_hashes == f.pcg.node_hashes), None)
-        if same is not None:
-            if _better(kept[same], f) is kept[same]:
-                return
-            del kept[same]
-        kept.append(f)
-        kept.sort(key=functools.cmp_to_key(lambda a, b: 0 if a is b else -1 if _better(b, a) is a else 1))
-        del kept[FINALISTS:]
+        others = [g for g in self.finalists if g.pcg.node_hashes != f.pcg.node_hashes]
+        same = [g for g in self.finalists if g.pcg.node_hashes == f.pcg.node_hashes]
+        # the faster, then the fewer rewrites, then the smaller hash (as _better orders two)
+        self.finalists = sorted(others + [_better(same[0] if same else None, f)],
+                                key=lambda g: (not g.report.feasible, g.report.step_time, len(g.path),
+                                               g.pcg.unordered_hash))[:FINALISTS]
 
     def run(self, starts: Sequence[tuple[str, PCG, tuple[Applied, ...]]]) -> Found:
         """The best graph found from ``starts`` (name, graph, the rewrites that made it)."""

@@ -413,7 +413,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
     node_sync: dict[int, tuple[float, ...]] = {}
     returned = {r.node for r in pcg.outputs}
     grads = needs_grad(pcg, pcg.outputs[0])
-    copies = runtime_copies(pcg)
+    copies = runtime_copies(pcg, cluster)
     keys = {}
     on = {i: mesh if meshes is None else meshes.get(i, mesh) for i in nodes}
     for i in nodes:
