@@ -163,6 +163,29 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
 
 
+def _training(strategy: str, zero: str, micro_batches: str, devices: int):
+    """The step's shape the options fix (``ir/training.py``), or None where the search chooses
+    it: ``--strategy tp=..,dp=..`` names it whole (its zero= and mb=, else the defaults);
+    ``--zero`` and ``--micro-batches`` fix their part (the other part then its default)."""
+    from .ir.training import Training
+    from .search.baselines import is_hybrid, parse_strategy
+
+    k = None
+    if micro_batches != "auto":
+        if not (0 < len(micro_batches) <= 9 and micro_batches.isascii() and micro_batches.isdigit()) \
+                or int(micro_batches) < 1:
+            raise UsageError(f"--micro-batches {micro_batches[:40]!r}: expected auto or a whole number >= 1")
+        k = int(micro_batches)
+    if is_hybrid(strategy):
+        _, _, named = parse_strategy(strategy, devices)
+        if zero != "auto" or k is not None:
+            raise UsageError(f"--strategy {strategy[:200]}: give zero= and mb= in it, not --zero or --micro-batches")
+        return named
+    if zero == "auto" and k is None:
+        return None
+    return Training(0 if zero == "auto" else int(zero), k or 1)
+
+
 def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for v in values:
@@ -191,8 +214,16 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--strategy", default="best", show_default=True,
               help="best (the joint search, keeping the fastest plan found) | unity | parallel_only | "
                    "algebraic_then_parallel | data_parallel | tensor_parallel | hybrid (the fastest uniform "
-                   "TP x DP hybrid) | tp=T,dp=D (tensor parallel T ways on consecutive devices, data parallel "
-                   "D ways across the groups; T*D = the cluster's device count)")
+                   "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,mb=K] (tensor parallel T ways on consecutive devices, "
+                   "data parallel D ways across the groups, T*D = the cluster's device count; ZeRO stage Z, K "
+                   "micro-batches per step)")
+@click.option("--zero", type=click.Choice(["auto", "0", "1"]), default="auto", show_default=True,
+              help="ZeRO stage of the data-parallel replicas' optimizer state: 0 (every replica keeps it) | 1 "
+                   "(sharded: gradients reduce-scattered, weights all-gathered after the update) | auto (the "
+                   "searches try 1 where it prices faster or where nothing fits without it).")
+@click.option("--micro-batches", "micro_batches", default="auto", show_default=True, metavar="auto|K",
+              help="Micro-batches per optimizer step (gradient accumulation; --batch-size stays the global "
+                   "batch): K | auto (1, more only where no plan fits in memory).")
 @click.option("--budget", type=float, metavar="SECONDS",
               help="A ceiling on the seconds the whole run may take (default: none); the best plan so far "
                    "is kept, and the plan records \"cut_by_budget\" when it cut the search.")
@@ -223,7 +254,8 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
              optimizer: str, strategy: str, budget: float | None, max_candidates: int | None,
              memory_limit: str | None, alpha: float, out_path: str,
              rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
-             report_path: str | None = None, sync_bucket: str = "auto") -> None:
+             report_path: str | None = None, sync_bucket: str = "auto", zero: str = "auto",
+             micro_batches: str = "auto") -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     started = time.monotonic()     # --budget counts from here: loading and importing are part of the run
     from .cluster import cluster_path as find_cluster
@@ -235,8 +267,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     from .plan.build import make_plan
     from .report.progress import Progress
     from .report.summary import summary
-    from .search.optimize import DEFAULT_CANDIDATES
-    from .search.optimize import optimize as run_search
+    from .search.optimize import DEFAULT_CANDIDATES, optimize_step
     from .substitutions.cache import load_cache, prove_applied
 
     check_number("--batch-size", batch_size, 1, MAX_BATCH)
@@ -250,9 +281,21 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     check_output("--out", out_path, reads)
     if report_path:
         check_output("--report", report_path, {**reads, "plan (--out)": out_path})
-    cluster = load_cluster(spec) if spec else local_cluster()
+    cluster = load_cluster(cluster_path) if spec else local_cluster()   # (SPEC:N sizes a spec)
+    training = _training(strategy, zero, micro_batches, cluster.num_devices)
+    if training is not None and training.zero and sync_bucket not in ("auto", "flat"):
+        raise UsageError("--sync-bucket: ZeRO's sync runs flat after backward; give --zero 0 to bucket it")
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
-    imported = import_model(model, ImportOptions(batch_size, _parse_inputs(inputs)))
+    shapes = _parse_inputs(inputs)
+    imported = import_model(model, ImportOptions(batch_size, shapes))
+    micro = {1: imported}
+
+    def graph_for(k: int):
+        """The graph at the micro-batch size of k micro-batches (each input's batch dim / k)."""
+        if k not in micro:
+            micro[k] = import_model(model, ImportOptions(imported.batch_size // k, {
+                name: (dims[0] // k, *dims[1:]) for name, dims in shapes.items()}))
+        return micro[k].pcg
     if profile_path and no_profile:
         raise UsageError("--profile and --no-profile: pick one")
     profile, profile_note = profile_for(cluster, profile_path, use_default=not no_profile)
@@ -267,10 +310,12 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         progress(min(costed[0], work), work, f"{costed[0]} candidates, best {best * 1e3:.3f} ms")
 
     try:
-        result = run_search(imported.pcg, cluster, config, strategy, rules.rules, budget, alpha, report,
-                            max_candidates, started)
+        result, k = optimize_step(graph_for, imported.batch_size, cluster, config, strategy, training,
+                                  rules=rules.rules, budget=budget, alpha=alpha, progress=report,
+                                  max_candidates=max_candidates, started=started)
     finally:
         progress.close()
+    imported = micro[k]
     # Every rule the plan applies is proved again before the plan is written.
     proved = prove_applied(rules, [a.rule_id for a in result.rewrites], rules_path or "the shipped rule cache")
     plan = make_plan(imported, cluster, config, result,
@@ -285,7 +330,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         left_out = f"; left out: {', '.join(result.not_priced)}" if result.not_priced else ""
         notes.append(f"--budget {budget:g} s cut the search short{left_out}: the plan may differ on a faster "
                      "machine (--max-candidates gives the same plan on every machine)")
-    if imported.batch_defaulted:
+    if micro[1].batch_defaulted:
         notes.append(f"the model's batch dim is symbolic; planned for batch {DEFAULT_BATCH} (set --batch-size)")
     if as_json:
         doc = {"plan": out_path, "strategy": plan.strategy, "predicted": plan.predicted,
@@ -437,7 +482,7 @@ def profile(cluster_path: str | None, models: tuple[str, ...], plans: tuple[str,
     from .cluster import load_cluster, local_cluster
 
     spec = find_cluster(cluster_path) if cluster_path else None   # a path or a bundled name
-    cluster = load_cluster(spec) if spec else local_cluster()
+    cluster = load_cluster(cluster_path) if spec else local_cluster()   # (SPEC:N sizes a spec)
     _share_cores_as_ranks(max(n.devices for n in cluster.nodes))
     from .runtime.memory import keep_freed_memory
 

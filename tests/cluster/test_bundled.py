@@ -62,3 +62,33 @@ def test_optimize_by_name_outside_the_repo(tmp_path):
                         "--max-candidates", "4"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "plan.json").read_text())["cluster"]["name"] == "local-cpu"
+
+
+@pytest.mark.parametrize("spec,nodes,per", [("dgx-a100-80:64", 8, 8), ("dgx-h100:1024", 128, 8), ("dgx-h100:8", 1, 8),
+                                            ("dgx-a100-80:4", 1, 4), ("summit-192:48", 8, 6), ("local-cpu:3", 1, 3),
+                                            ("h200-8:16", None, None), ("dgx-a100-80:12", None, None),
+                                            ("dgx-a100-80:0", None, None), ("mixed-a100-v100:8", None, None)])
+def test_a_spec_sized_by_name(spec, nodes, per):
+    """``SPEC:N``: the spec's identical nodes, as many as hold N devices (a one-machine spec
+    without a network grows its node); a size that is not whole nodes, a spec without an
+    inter-node link grown past one node, or one of unlike nodes: one line that says so."""
+    if nodes is None:
+        with pytest.raises(ClusterSpecError) as e:
+            load_cluster(spec)
+        assert spec in str(e.value) and "\n" not in str(e.value)
+        return
+    c = load_cluster(spec)
+    base = load_cluster(spec.split(":")[0])
+    assert c.name == spec and c.num_devices == nodes * per == int(spec.split(":")[1])
+    assert len(c.nodes) == nodes and all(n.devices == per and n.device == base.nodes[0].device for n in c.nodes)
+    assert c.inter_link == base.inter_link
+
+
+def test_optimize_on_a_sized_cluster(tmp_path):
+    model = mlp_model(tmp_path / "mlp.onnx")
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", "dgx-a100-80:16", "--batch-size", "32",
+                                 "--out", str(out), "--strategy", "data_parallel"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(out.read_text())
+    assert plan["cluster"]["name"] == "dgx-a100-80:16" and plan["predicted"]["devices"] == 16

@@ -36,6 +36,8 @@ SPECS = Path(__file__).resolve().parents[2] / "cluster_specs"
         ("summit-192.yaml", 192, 32),
         ("h200-8.yaml", 8, 1),
         ("mixed-a100-v100.yaml", 26, 5),
+        ("dgx-a100-80.yaml", 8, 1),
+        ("dgx-h100.yaml", 8, 1),
     ],
 )
 def test_shipped_specs_load(file: str, devices: int, nodes: int) -> None:
@@ -48,7 +50,8 @@ def test_shipped_specs_load(file: str, devices: int, nodes: int) -> None:
 def test_every_shipped_yaml_is_covered() -> None:
     shipped = {p.name for p in SPECS.glob("*.yaml")}
     assert shipped == {"local-cpu.yaml", "dgx-a100-8.yaml", "dgx-a100-32.yaml",
-                       "summit-192.yaml", "h200-8.yaml", "mixed-a100-v100.yaml"}
+                       "summit-192.yaml", "h200-8.yaml", "mixed-a100-v100.yaml", "dgx-a100-80.yaml",
+                       "dgx-h100.yaml"}
 
 
 def test_shipped_numbers_are_in_si_units() -> None:

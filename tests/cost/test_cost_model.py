@@ -3,6 +3,7 @@ compute, the collective formulas, and memory per device checked by hand."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from unity_cli.cluster.collectives import Collective
 from unity_cli.cost.comm import collective_time, group_link, groups_time
 from unity_cli.cost.model import CostConfig, Optimizer, estimate, sync_copy_seconds, update_seconds
 from unity_cli.ir import DType
+from unity_cli.ir.ops.sources import WeightAttrs
+from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.search.baselines import data_parallel, tensor_parallel
 from unity_cli.search.optimize import evaluate
@@ -108,8 +111,11 @@ def test_bfloat16_is_faster_for_matmuls(tmp_path, dgx8):
     bf16 = _dp(pcg, one, CostConfig(DType.BFLOAT16)).report
     assert bf16.compute_time < f32.compute_time / 4
     assert bf16.step_time < f32.step_time
-    # Activations are stored in bfloat16; weights stay float32 (master copy, grads, states).
-    assert bf16.memory[0] < f32.memory[0]
+    # Activations are stored in bfloat16; a parameter costs 2 (bf16 copy) + 4 (fp32 gradient) + 4 (fp32
+    # master) + 8 (Adam) = 18 bytes, against 16 in float32 (ir/training.WeightBytes).
+    params = sum(n.outputs[0].logical.numel for _, n in pcg if isinstance(n.op, WeightAttrs) and n.op.trainable)
+    activations = f32.memory[0] - 16 * params
+    assert activations > 0 and bf16.memory[0] == 18 * params + activations // 2
 
 
 def test_tensor_parallel_costs_a_reduction(tiny_mlp, dgx8):
@@ -199,7 +205,27 @@ def test_data_parallel_memory_by_hand(tiny_mlp, dgx8, optimizer, states, devices
 def test_data_parallel_memory_bfloat16(tiny_mlp, dgx8):
     pcg = import_model(tiny_mlp, ImportOptions(8)).pcg
     report = _dp(pcg, dgx8.first(4), CostConfig(DType.BFLOAT16)).report
-    assert report.memory == (PARAMS * 4 * 4 + 2 * ROW * 2,) * 4
+    # a bf16 copy, an fp32 gradient and master, Adam's two fp32 states: 2 + 4 + 4 + 8 bytes
+    assert report.memory == (PARAMS * 18 + 2 * ROW * 2,) * 4
+
+
+@pytest.mark.parametrize("dtype,kept,sharded", [(DType.FLOAT32, 8, 8), (DType.BFLOAT16, 6, 12)])
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_zero_shards_the_optimizer_over_the_replicas(tiny_mlp, dgx8, dtype, kept, sharded, devices):
+    """ZeRO-1: each replica keeps the weights and gradients and 1/d of the master and Adam's
+    states (Megatron-LM's distributed optimizer: 8 + 8/d float32, 6 + 12/d mixed)."""
+    batch = 12
+    pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg
+    plain = _dp(pcg, dgx8.first(devices), CostConfig(dtype)).report
+    zero = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(zero=1))).report
+    per_weight = [16 * 32, 32 * 8]
+    saved = sum(w * sharded - -(-w * sharded // devices) for w in per_weight)
+    assert [p - z for p, z in zip(plain.memory, zero.memory)] == [saved] * devices
+    assert zero.training == Training(zero=1) and plain.training == Training()
+    # the same bytes sent: a reduce-scatter and an all-gather of the padded flat buffer
+    shard = -(-PARAMS // devices)
+    assert zero.comm_bytes[0] - plain.comm_bytes[0] == 2 * (devices - 1) * shard * 4 - round(
+        Fraction(2 * (devices - 1) * PARAMS * 4, devices))
 
 
 def test_tensor_parallel_memory_by_hand(tiny_mlp, dgx8):

@@ -24,6 +24,7 @@ from unity_cli.ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs,
 from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
 from unity_cli.ir.pcg import GraphBuilder
 from unity_cli.ir.shapes import TensorShape
+from unity_cli.ir.training import Training
 from unity_cli.ir.validate import validate
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.runtime.executor import planned_sent
@@ -165,6 +166,37 @@ def test_random_views_of_every_parallel_op(clusters, shape):
         assert_bytes_equal(g, default_views(g), n)
         for _ in range(6):
             assert_bytes_equal(g, random_views(g, n, rng), n)
+
+
+STEPS = [Training(0, 2), Training(1, 1), Training(1, 3)]
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (1, 3), (2, 2), (2, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_micro_batches_and_zero_send_what_the_step_predicts(clusters, shape):
+    """The bytes ``estimate`` predicts for a step of several micro-batches, or under ZeRO-1
+    (the padded reduce-scatter and all-gather of each group's flat buffer), are the bytes the
+    runtime's calls for that step send (``planned_sent`` with the same ``Training``), device
+    for device, on random views of every parallel op."""
+    cluster = clusters[shape]
+    n = cluster.num_devices
+    rng = random.Random(17 * n + shape[0])
+    graphs = [megatron(d) for d in (2, 3) if d <= n] + [data_parallel_mlp(d) for d in range(2, n + 1)] + \
+        [reduce_then_broadcast(n)]
+    for g in graphs:
+        for views in (default_views(g), random_views(g, n, rng)):
+            st = Structure.of(g, n, "mse")
+            prog = build_program(g, views, st.class_axis)
+            for train in STEPS:
+                report = estimate(g, views, cluster, CostConfig(loss="mse", training=train))
+                sent = [round(planned_sent(prog, r, n, train).total) for r in range(n)]
+                assert list(report.comm_bytes) == sent, (train, report.comm_bytes, sent)
+                COUNT["checks"] += 1
+            # k micro-batches send k times each one's moves, the sync once
+            moves = moves_of(st, views)
+            each = sent_per_device([m for m in moves if m.phase != "sync"], n)
+            once = sent_per_device([m for m in moves if m.phase == "sync"], n)
+            two = estimate(g, views, cluster, CostConfig(loss="mse", training=Training(0, 2)))
+            assert list(two.comm_bytes) == [round(2 * a + b) for a, b in zip(each, once)]
 
 
 # -- baselines and searched plans -------------------------------------------------------------------

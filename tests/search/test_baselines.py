@@ -253,6 +253,13 @@ def test_memory_limit_is_a_hard_constraint(tmp_path):
     plan = json.loads(out.read_text())
     assert plan["config"]["memory_limit_bytes"] == 500_000_000
     assert max(plan["predicted"]["memory_bytes"]) <= 500_000_000
-    bad = CliRunner().invoke(cli, args + ["--memory-limit", "0.001"])
+    # One batch fits nowhere in 1 MB: with the step fixed so, refused; left to the search, it
+    # goes on to ZeRO-1 and micro-batches until a plan fits.
+    bad = CliRunner().invoke(cli, args + ["--memory-limit", "0.001", "--zero", "0", "--micro-batches", "1"])
     assert bad.exit_code == 1
     assert "no plan fits" in bad.output and "needs" in bad.output and "--memory-limit" in bad.output
+    ok = CliRunner().invoke(cli, args + ["--memory-limit", "0.001"])
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads(out.read_text())
+    assert plan["config"].get("micro_batches", 1) > 1 and max(plan["predicted"]["memory_bytes"]) <= 1_000_000
+    assert plan["model"]["batch_size"] * plan["config"]["micro_batches"] == 64

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -142,9 +143,25 @@ def bundled_clusters() -> dict[str, Path]:
     return {p.stem: p for p in sorted(BUNDLED.glob("*.yaml"))}
 
 
+SIZED = re.compile(r"^(?P<base>[^:]+):(?P<devices>[0-9]{1,7})$")
+"""``--cluster SPEC:N``: a spec of identical nodes grown (or cut) to ``N`` devices."""
+
+
+def sized(spec: str | os.PathLike[str]) -> tuple[str, int | None]:
+    """``(spec, devices)`` of ``SPEC:N`` (``N`` None where the spec names no size, or is a
+    file of that very name)."""
+    text = os.fspath(spec)
+    m = SIZED.match(text)
+    if m is None or Path(text).exists():
+        return text, None
+    return m["base"], int(m["devices"])
+
+
 def cluster_path(spec: str | os.PathLike[str]) -> Path:
     """The file ``--cluster`` names: a path when one exists there, else a bundled spec's
-    name (``dgx-a100-8`` or ``dgx-a100-8.yaml``), else a ClusterSpecError listing them."""
+    name (``dgx-a100-8`` or ``dgx-a100-8.yaml``), else a ClusterSpecError listing them. A
+    sized name (``dgx-a100-80:64``) names its base's file."""
+    spec, _ = sized(spec)
     p = Path(spec)
     if p.exists():
         return p
@@ -157,9 +174,11 @@ def cluster_path(spec: str | os.PathLike[str]) -> Path:
 
 
 def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
-    """Read and validate a cluster YAML (a path, or a bundled spec's name); every problem
-    is one ``ClusterSpecError`` line."""
+    """Read and validate a cluster YAML (a path, or a bundled spec's name; ``SPEC:N`` for a
+    spec of identical nodes sized to ``N`` devices, named so); every problem is one
+    ``ClusterSpecError`` line."""
     source = str(path)
+    _, size = sized(path)
     path = cluster_path(path)
     try:
         with open(path, "rb") as f:
@@ -184,7 +203,32 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
     if data is None:
         raise ClusterSpecError(f"{source}: file is empty")
     _check_size(data, source)
+    if size is not None:
+        data = _resized(data, size, source)
     return parse_cluster(data, source)
+
+
+def _resized(data: Any, devices: int, source: str) -> Any:
+    """The spec ``data`` with its identical nodes counted to hold ``devices`` devices (fewer
+    than one node's, or a spec of one node of CPU cores and no network: one node of that
+    many), named ``SOURCE``."""
+    nodes = data.get("nodes") if isinstance(data, Mapping) else None
+    per = nodes.get("devices") if isinstance(nodes, Mapping) else None
+    if not isinstance(per, int) or isinstance(per, bool) or per < 1:
+        raise ClusterSpecError(f"{source}: only a spec of identical nodes (nodes: {{count, devices, ...}}) "
+                               "can be sized")
+    types = data.get("device_types")
+    kind = types.get(nodes.get("device"), {}) if isinstance(types, Mapping) else {}
+    # one machine of CPU cores without a network (local-cpu): N cores, one rank each
+    one_machine = nodes.get("count") == 1 and "inter_node_link" not in data and \
+        isinstance(kind, Mapping) and kind.get("kind") == "cpu"
+    if devices < 1 or devices > per and devices % per and not one_machine:
+        raise ClusterSpecError(f"{source}: {devices} devices are not whole nodes of {per}")
+    count, per = (1, devices) if devices <= per or one_machine else (devices // per, per)
+    out = {**data, "name": source, "nodes": {**nodes, "count": count, "devices": per}}
+    if count > 1 and "inter_node_link" not in data:
+        raise ClusterSpecError(f"{source}: {count} nodes need an inter_node_link, which the spec does not give")
+    return out
 
 
 def _check_size(data: object, source: str) -> None:

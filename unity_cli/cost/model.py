@@ -26,7 +26,7 @@ from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes
 from ..deadline import check
 from ..errors import ShapeError
-from ..ir.buckets import AFTER_BACKWARD, WeightSync, sync_buckets
+from ..ir.buckets import AFTER_BACKWARD, SyncBucket, SyncCallKind, WeightSync, sync_buckets, sync_calls
 from ..ir.dtypes import DType
 from ..ir.machine_view import MachineView
 from ..ir.ops.shape_ops import ReshapeAttrs
@@ -36,15 +36,16 @@ from ..ir.pcg import PCG
 from ..ir.pieces import piece_op
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
+from ..ir.training import Training, WeightBytes
 from .compute import piece_shapes, roofline
-from .moves import Move, Structure, device_array, node_moves, phase_seconds, sent_rounded
+from .moves import Move, Structure, device_array, node_moves, phase_seconds, sent_rounded_parts
 from .profile import Profile, piece_key
 from .strides import as_run
 from .strides import copies as runtime_copies
 
-__all__ = ["CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream", "estimate",
-           "gather_then_replicate", "layout_sources", "memory_per_device", "node_cost", "stored_layout",
-           "updates_per_device"]
+__all__ = ["MEMORY_PARTS", "CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream",
+           "estimate", "gather_then_replicate", "layout_sources", "memory_account", "memory_per_device", "node_cost",
+           "stored_layout", "updates_per_device"]
 
 
 class Optimizer(Enum):
@@ -66,6 +67,12 @@ class CostConfig:
     loss: str = "auto"                # the loss unity run trains with: auto | cross_entropy | mse
     sync_bucket: int | None = None    # the gradient sync's bucket bytes (ir/buckets.py): 0 flat after
                                       # backward; None: the fastest of SYNC_BUCKETS by the profile's overlap
+    training: Training = Training()   # micro-batches and the ZeRO stage (ir/training.py)
+
+    @property
+    def weight_bytes(self) -> WeightBytes:
+        """The bytes of one trainable parameter (``ir/training.py``), as this config trains it."""
+        return WeightBytes.of(self.dtype, self.optimizer.states)
 
 
 class Stream(Enum):
@@ -119,6 +126,7 @@ class CostReport:
     infeasible: str | None = None
     comm_bytes: tuple[int, ...] = ()   # bytes of tensor data each device sends per step (cost.comm.sent_bytes)
     sync_bucket: int = 0               # the gradient sync's bucket bytes it was priced with (0: flat)
+    training: Training = Training()    # the micro-batches and ZeRO stage it was priced with
 
     @property
     def feasible(self) -> bool:
@@ -275,11 +283,23 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
             check()    # under optimize --budget: a graph of 20,000 nodes takes seconds to price
         priced.append(node_cost_and_moves(ctx, i, views))
     costs = [c for c, _ in priced]
-    sent = sent_rounded((m for _, ms in priced for m in ms), cluster.num_devices)
+    train = config.training
+    weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
+    flat = sync_buckets(pcg, weights, 0)
+    # Bytes: each micro-batch's moves, and the sync's calls once per step (ir/buckets.sync_calls,
+    # which the runtime makes): per weight and per bucket the same for an all-reduce, but
+    # ZeRO's shards are padded per bucket.
+    sent = sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != "sync"), train.micro_batches),
+                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)), 1)],
+                              cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
     synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
-    weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
+    # The micro-batches before the last run forward and backward alone; the last one's
+    # backward is where the sync's buckets may start.
+    before = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss)) \
+        if train.micro_batches > 1 else []
+    span = max((e.end for e in before), default=0.0)
     best, tried = None, set()
     for bucket in sync_bucket_choices(cluster, config):
         syncs = _flat_syncs(ctx, weights) if bucket == 0 else _bucket_syncs(ctx, weights, bucket)
@@ -287,12 +307,15 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
             continue
         tried.add(tuple(syncs))
         events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs)
-        update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else ())
-        end = max((e.end for e in events), default=0.0)
-        step = end + float(update.max(initial=0.0))
+        update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else (), weights)
+        end = max((e.end for e in events), default=0.0) + (train.micro_batches - 1) * span
+        finish, gathers = _after_update(ctx, flat, end + update)
+        step = float(finish.max(initial=0.0))
         if best is None or step < best[0]:
-            best = (step, bucket, events, update, end)
-    step, bucket, events, update, end = best
+            best = (step, bucket, events, update, end, gathers)
+    step, bucket, events, update, end, gathers = best
+    events = [_shifted(e, k * span) for k in range(train.micro_batches - 1) for e in before] + \
+        [_shifted(e, (train.micro_batches - 1) * span) for e in events] + gathers
     busiest_compute = np.zeros(cluster.num_devices)
     busiest_comm = np.zeros(cluster.num_devices)
     for e in events:
@@ -315,7 +338,43 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         infeasible = f"needs {need} on device {d}, which has {have}{limit}"
     return CostReport(step, float(busiest_compute.max(initial=0.0)), float(busiest_comm.max(initial=0.0)),
                       tuple(memory), tuple(costs), tuple(events) + tuple(upd_events), infeasible,
-                      sent, bucket)
+                      sent, bucket, train)
+
+
+_CALL_KINDS = {SyncCallKind.ALL_REDUCE: Collective.ALL_REDUCE, SyncCallKind.REDUCE_SCATTER: Collective.REDUCE_SCATTER,
+               SyncCallKind.ALL_GATHER: Collective.ALL_GATHER}
+
+
+def _call_move(c) -> Move:
+    """A sync call of ``ir/buckets.sync_calls`` as the move the cost model prices."""
+    return Move(_CALL_KINDS[c.kind], "sync", c.group, c.nbytes)
+
+
+def _shifted(e: Event, by: float) -> Event:
+    return e if by == 0 else replace(e, start=e.start + by, end=e.end + by)
+
+
+def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray) -> tuple[np.ndarray, list[Event]]:
+    """When each device is through with the step, given when its update ends (``done``):
+    under ZeRO, each bucket's all-gather of the updated shards starts once its members have
+    updated them (buckets of one size and group size at once, as the flat sync's classes)."""
+    zero = ctx.config.training.zero
+    finish = np.array(done, dtype=float)
+    events: list[Event] = []
+    if zero == 0:
+        return finish, events
+    classes: dict[tuple[int, int], list[Move]] = {}
+    for b in sorted(flat, key=lambda b: (b.group, b.dtype)):
+        for c in sync_calls(b, zero):
+            if c.kind is SyncCallKind.ALL_GATHER:
+                classes.setdefault((len(c.group), c.nbytes), []).append(_call_move(c))
+    for ms in classes.values():
+        ds = device_array(tuple(sorted({d for m in ms for d in m.group})))
+        start = float(finish[ds].max())
+        seconds = phase_seconds(ms, ctx.cluster, ctx.config.profile)["sync"]
+        finish[ds] = start + seconds
+        events.append(Event(SYNC_NODE, "sync", Stream.COMM, tuple(int(d) for d in ds), start, start + seconds))
+    return finish, events
 
 
 LOSS_NODE = -2
@@ -365,6 +424,8 @@ def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, 
     """The bucket sizes a step is priced with (the fastest wins): the config's, else flat, and
     the sizes of :data:`SYNC_BUCKETS` where the profile measured an all-reduce hiding under
     compute on one of the cluster's device types."""
+    if config.training.zero:    # ZeRO's reduce-scatter runs flat, after backward
+        return (0,)
     if config.sync_bucket is not None:
         return (config.sync_bucket,)
     prof = config.profile
@@ -376,13 +437,14 @@ def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, 
 
 def _flat_syncs(ctx: CostContext, weights: Sequence[WeightSync]) -> list[SyncClass]:
     """The gradient sync as the runtime runs it flat (``runtime/weights.py``): one all-reduce
-    per group of devices and dtype, over one flat buffer of every weight region the group
-    keeps, not one per weight (``ir/buckets.py``). Groups of the same size and buffer run at
-    once (sharing a node's network interface, as :func:`~unity_cli.cost.moves.phase_seconds`
-    prices them)."""
+    (under ZeRO, a reduce-scatter) per group of devices and dtype, over one flat buffer of
+    every weight region the group keeps, not one per weight (``ir/buckets.py``). Groups of
+    the same size and buffer run at once (sharing a node's network interface, as
+    :func:`~unity_cli.cost.moves.phase_seconds` prices them)."""
     classes: dict[tuple[int, int], list[Move]] = {}
     for b in sorted(sync_buckets(ctx.pcg, weights, 0), key=lambda b: (b.group, b.dtype)):
-        classes.setdefault((len(b.group), b.nbytes), []).append(Move(Collective.ALL_REDUCE, "sync", b.group, b.nbytes))
+        first = sync_calls(b, ctx.config.training.zero)[0]    # an all-gather, if any, comes after the update
+        classes.setdefault((len(b.group), first.nbytes), []).append(_call_move(first))
     return [SyncClass(AFTER_BACKWARD, tuple(sorted({d for m in ms for d in m.group})),
                       phase_seconds(ms, ctx.cluster, ctx.config.profile)["sync"])
             for ms in classes.values()]
@@ -531,33 +593,52 @@ def _stored(pcg: PCG, layout: Sequence[int | None]) -> list[bool]:
             for i, n in pcg]
 
 
-def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
-                      num_devices: int, config: CostConfig) -> list[int]:
-    """Bytes per device: weights with their gradients and optimizer state, constants,
-    inputs, and every activation kept for the backward pass."""
-    mem = np.zeros(num_devices, dtype=np.int64)
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "inputs and constants")
+"""What :func:`memory_account` counts a device's bytes under."""
+
+
+def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
+                   num_devices: int, config: CostConfig) -> dict[str, np.ndarray]:
+    """Every byte a device holds, by part (:data:`MEMORY_PARTS`): each trainable weight's
+    stored pieces with their gradients and optimizer state (``ir/training.py``:
+    :class:`~unity_cli.ir.training.WeightBytes`, the optimizer part sharded over the
+    replicas under ZeRO), constants and inputs, and every activation one micro-batch keeps
+    for the backward pass (with what a kernel keeps beyond its outputs)."""
+    acc = {part: np.zeros(num_devices, dtype=np.int64) for part in MEMORY_PARTS}
     stored = _stored(pcg, layout)
+    per_param, zero = config.weight_bytes, config.training.zero
     for i, n in pcg:
         if not stored[i]:
             continue
         shape = n.outputs[0]
         src = layout[i]
+        at = device_array(devs[i])
         if src is not None and isinstance(pcg.nodes[src].op, WeightAttrs) and pcg.nodes[src].op.trainable:
-            per = shape.piece.numel * 4 * (2 + config.optimizer.states)  # fp32 weight, grad, state
-        else:
-            per = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
-                                       not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
-                                       else o.dtype.itemsize) for o in n.outputs)
-            per += n.spec.kept_elements(n.op, [o.piece for o in n.outputs]) * config.dtype.itemsize
-        np.add.at(mem, device_array(devs[i]), per)
-    return mem.tolist()
+            for part, nbytes in per_param.breakdown(shape.piece.numel, shape.copy_degree, zero).items():
+                np.add.at(acc[part], at, nbytes)
+            continue
+        per = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
+                                   not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
+                                   else o.dtype.itemsize) for o in n.outputs)
+        per += n.spec.kept_elements(n.op, [o.piece for o in n.outputs]) * config.dtype.itemsize
+        np.add.at(acc["inputs and constants" if src is not None else "activations"], at, per)
+    return acc
+
+
+def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
+                      num_devices: int, config: CostConfig) -> list[int]:
+    """Bytes per device: the sum of :func:`memory_account`'s parts."""
+    return sum(memory_account(pcg, devs, layout, num_devices, config).values()).tolist()
 
 
 def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
-                 cluster: ClusterSpec, config: CostConfig, synced: Sequence[Move] = ()) -> np.ndarray:
+                 cluster: ClusterSpec, config: CostConfig, synced: Sequence[Move] = (),
+                 weights: Sequence[WeightSync] = ()) -> np.ndarray:
     """Optimizer update: a streaming pass over each device's weights, grads and state, and
     the copy of the gradients each device syncs (``synced``, the sync moves) into their
-    groups' flat buffers."""
+    groups' flat buffers. Under ZeRO a device updates its shard of each flat buffer of its
+    groups once (``weights``: what the buckets are made of), and each weight it keeps
+    without replicas as before."""
     t = np.zeros(cluster.num_devices)
     copied: dict[int, int] = {}
     for m in synced:
@@ -566,9 +647,17 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     for d, nbytes in copied.items():
         t[d] += sync_copy_seconds(nbytes, cluster.device_type(d))
     types, index, _ = _device_types(cluster)
+    sharded: dict[int, frozenset[int]] = {}     # weight -> the devices that update it by shards
+    if config.training.zero:
+        for w in weights:
+            sharded[w.weight] = frozenset(d for g, _ in w.groups if len(g) > 1 for d in g)
+        for b in sync_buckets(pcg, weights, 0):
+            for d in b.group:
+                t[d] += update_seconds(b.shard(), cluster.device_type(d), config)
     for i in _updated(pcg, layout):
         per_type = np.array([update_seconds(pcg.nodes[i].outputs[0].piece.numel, ty, config) for ty in types])
-        ix = device_array(devs[i])
+        skip = sharded.get(layout[i], frozenset())
+        ix = device_array(tuple(d for d in devs[i] if d not in skip) if skip else devs[i])
         np.add.at(t, ix, per_type[index[ix]])
     return t
 

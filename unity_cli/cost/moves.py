@@ -328,6 +328,18 @@ def sent_rounded(moves: Iterable[Move], num_devices: int) -> tuple[int, ...]:
     return tuple(round(Fraction(int(x), common)) for x in total)
 
 
+def sent_rounded_parts(parts: Iterable[tuple[Iterable[Move], int]], num_devices: int) -> tuple[int, ...]:
+    """:func:`sent_rounded` of several lists of moves, each made ``times`` times per step (a
+    micro-batch's moves, the sync's once), added exactly before rounding."""
+    sums: list[tuple[list[int], int]] = []
+    for moves, times in parts:
+        total, den = _sent(moves, num_devices)
+        sums.append(([int(x) * times for x in total], den))
+    common = math.lcm(*(den for _, den in sums)) if sums else 1
+    whole = [sum(v[d] * (common // den) for v, den in sums) for d in range(num_devices)]
+    return tuple(round(Fraction(x, common)) for x in whole)
+
+
 def _sent(moves: Iterable[Move], num_devices: int) -> tuple[np.ndarray, int]:
     """Every device's bytes sent, as numerators over one common denominator."""
     acc: dict[int, np.ndarray] = {}   # numerators per denominator (fractions are slow)

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
+from .dtypes import DType
 from .pcg import PCG
+from .training import shard_elements
 
 Group = tuple[int, ...]
 
@@ -47,6 +50,42 @@ class SyncBucket:
     @property
     def nbytes(self) -> int:
         return sum(self.sizes)
+
+    @property
+    def itemsize(self) -> int:
+        return DType(self.dtype).itemsize
+
+    def shard(self) -> int:
+        """The elements each member owns of the flat buffer under ZeRO (padded: :func:`~.training.shard_elements`)."""
+        return shard_elements(self.nbytes // self.itemsize, len(self.group))
+
+
+class SyncCallKind(Enum):
+    ALL_REDUCE = "allreduce"            # the summed gradient on every member
+    REDUCE_SCATTER = "reduce_scatter"   # ZeRO: each member's summed shard, in the sync
+    ALL_GATHER = "allgather"            # ZeRO: the updated shards to every member, after the update
+
+
+@dataclass(frozen=True, slots=True)
+class SyncCall:
+    """One call a bucket makes per step: ``nbytes`` as the communicator's byte count reads
+    it (an all-reduce's buffer; a reduce-scatter's result and an all-gather's piece: one
+    member's shard)."""
+
+    kind: SyncCallKind
+    group: Group
+    nbytes: int
+
+
+def sync_calls(bucket: SyncBucket, zero: int) -> tuple[SyncCall, ...]:
+    """The calls of one bucket under ZeRO stage ``zero`` (``ir/training.py``), in order: an
+    all-reduce; or a reduce-scatter of the padded flat buffer, then, after the update on
+    the shard, an all-gather of the weights."""
+    if zero == 0:
+        return (SyncCall(SyncCallKind.ALL_REDUCE, bucket.group, bucket.nbytes),)
+    shard = bucket.shard() * bucket.itemsize
+    return (SyncCall(SyncCallKind.REDUCE_SCATTER, bucket.group, shard),
+            SyncCall(SyncCallKind.ALL_GATHER, bucket.group, shard))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport
 from ..ir.machine_view import MachineView
 from ..ir.pcg import PCG
+from ..ir.training import Training
 from ..onnx_import import ImportedModel
 from ..search.optimize import SearchResult
 from .plan import Plan
@@ -21,6 +22,7 @@ def report_summary(report: CostReport, devices: int) -> dict:
         "devices": devices,
         "feasible": report.feasible,
         **({"infeasible": report.infeasible} if report.infeasible else {}),
+        **report.training.to_json(),      # its micro-batches and ZeRO stage, where not the default
     }
 
 
@@ -45,7 +47,7 @@ def make_plan(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, re
     rewrites = tuple({"rule": a.rule_id, "name": a.rule_name, "reverse": a.reverse, "at": a.at,
                       "params": dict(a.params), **({"bought": dict(a.bought)} if a.bought else {})}
                      for a in result.rewrites)
-    return Plan(model_info(model), cluster, config_json(config, chosen.report.sync_bucket),
+    return Plan(model_info(model), cluster, config_json(config, chosen.report.sync_bucket, chosen.report.training),
                 chosen.baseline.name, chosen.baseline.pcg, chosen.views, predicted, baselines,
                 rewrites=rewrites, search=search)
 
@@ -64,11 +66,14 @@ def model_info(model: ImportedModel) -> dict:
     }
 
 
-def config_json(config: CostConfig, sync_bucket: int = 0) -> dict:
-    """The plan's ``config``: what it was priced with, and the gradient sync's bucket bytes
-    its price chose (``ir/buckets.py``; written only when bucketed, so that plans with a
-    flat sync stay byte-identical to those made before plans chose it)."""
+def config_json(config: CostConfig, sync_bucket: int = 0, training: Training | None = None) -> dict:
+    """The plan's ``config``: what it was priced with, the gradient sync's bucket bytes its
+    price chose (``ir/buckets.py``; written only when bucketed, so that plans with a flat
+    sync stay byte-identical to those made before plans chose it), and its micro-batches and
+    ZeRO stage (``ir/training.py``; ``training``: the chosen plan's, default the config's;
+    written only where not the default)."""
     cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}
+    cfg.update((training or config.training).to_json())
     if config.memory_limit is not None:
         cfg["memory_limit_bytes"] = config.memory_limit
     if sync_bucket:
@@ -84,5 +89,5 @@ def plan_of(model: ImportedModel, cluster: ClusterSpec, config: CostConfig, stra
     with the prediction ``unity run`` compares against, its bytes per device included."""
     summary = report_summary(report, cluster.num_devices)
     predicted = {**summary, "memory_bytes": list(report.memory), "comm_bytes": list(report.comm_bytes)}
-    return Plan(model_info(model), cluster, config_json(config, report.sync_bucket), strategy, pcg, views, predicted,
-                {strategy: summary}, rewrites=rewrites)
+    return Plan(model_info(model), cluster, config_json(config, report.sync_bucket, report.training), strategy, pcg,
+                views, predicted, {strategy: summary}, rewrites=rewrites)

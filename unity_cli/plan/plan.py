@@ -22,6 +22,7 @@ from ..ir import PCG, DType, GraphBuilder, TensorRef
 from ..ir.machine_view import MachineView, check_view, devices_used
 from ..ir.opspec import OpKind, attrs_from_json, attrs_to_json
 from ..ir.shapes import ParallelDim, ParallelTensorShape
+from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import problems
 from ..jsonfile import read_json
 
@@ -104,6 +105,12 @@ class Plan:
         return int(self.config.get("sync_bucket_bytes", 0))
 
     @property
+    def training(self) -> Training:
+        """The step's micro-batches and ZeRO stage (``ir/training.py``; the defaults in plans
+        that do not name them)."""
+        return Training(int(self.config.get("zero", 0)), int(self.config.get("micro_batches", 1)))
+
+    @property
     def comm_bytes(self) -> list[int] | None:
         """The bytes of tensor data each device sends per training step, as predicted when the
         plan was made (None for plans made before plans recorded them)."""
@@ -183,6 +190,14 @@ def _bad_config(config: Any) -> str:
     if isinstance(b, bool) or not isinstance(b, int) or b < 0:
         return (f"config.sync_bucket_bytes: expected a whole number of bytes >= 0 (0: one all-reduce "
                 f"after backward), got {b!r}")
+    z = config.get("zero", 0)
+    if isinstance(z, bool) or z not in ZERO_STAGES:
+        return f"config.zero: expected a ZeRO stage ({', '.join(map(str, ZERO_STAGES))}), got {z!r}"
+    k = config.get("micro_batches", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1 << 20:
+        return f"config.micro_batches: expected a whole number of micro-batches >= 1, got {k!r}"
+    if z and b:
+        return "config.zero: ZeRO's sync runs flat, but config.sync_bucket_bytes names buckets"
     return ""
 
 

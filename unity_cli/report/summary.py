@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes as fmt_bytes
-from ..cost.model import estimate, weight_syncs
+from ..cost.model import estimate, layout_sources, memory_account, weight_syncs
 from ..cost.moves import Structure, node_moves
 from ..ir.buckets import sync_buckets
 from ..plan.config import plan_config
@@ -57,6 +57,12 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
         mem = fmt_bytes(b["max_memory_bytes"]) + ("" if b["feasible"] else " (too big)")
         lines.append(f"{mark} {name:<24}{b['devices']:>8}{fmt_ms(b['step_time_ms']):>13}"
                      f"{fmt_ms(b['compute_ms']):>12}{fmt_ms(b['comm_ms']):>12}{mem:>15}  {speed:>6}")
+    micro = {b.get("micro_batches", 1) for b in plan.baselines.values()}
+    if micro != {1} and len(micro) == 1:
+        lines.append(f"  every row: {micro.pop()} micro-batches of {plan.model.get('batch_size')} per step")
+    sharded = [name for name, b in plan.baselines.items() if b.get("zero")]
+    if sharded:
+        lines.append(f"  with ZeRO-1 (optimizer state sharded over the replicas): {', '.join(sharded)}")
     # What each uniform hybrid row is (which tp=T,dp=D, which ops stayed replicated in their group).
     lines += [f"  {b['description']}" if b["description"].startswith(name) else f"  {name}: {b['description']}"
               for name, b in plan.baselines.items()
@@ -68,6 +74,12 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     devices = f"{p['devices']} device{'s' if p['devices'] != 1 else ''}"
     lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {devices}, "
                  f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} per device")
+    train = plan.training
+    if not train.default:
+        lines.append(f"step     {step_text(plan)}")
+    parts = memory_breakdown(plan)
+    if parts:
+        lines.append(f"memory   {memory_text(parts)}")
     sync = sync_summary(plan)
     if sync["all_reduces"]:
         lines.append(f"sync     {sync_text(sync)}")
@@ -97,12 +109,46 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
 
 def sync_summary(plan: Plan) -> dict[str, int]:
     """The plan's gradient sync as its ranks run it (``ir/buckets.py``): its bucket bytes
-    (0: flat), how many all-reduces a step makes and their bytes in all."""
+    (0: flat), how many all-reduces (under ZeRO, reduce-scatters) a step makes, their bytes
+    in all, and its ZeRO stage."""
     st = Structure.of(plan.pcg, plan.cluster.num_devices)
     moves = [node_moves(st, i, plan.views) if i in st.sync else () for i in range(len(plan.pcg))]
     buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes)
     return {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
-            "bytes": sum(b.nbytes for b in buckets)}
+            "bytes": sum(b.nbytes for b in buckets), "zero": plan.training.zero}
+
+
+def step_text(plan: Plan) -> str:
+    """The step's shape (``ir/training.py``) in words."""
+    t = plan.training
+    batch = plan.model.get("batch_size")
+    parts = []
+    if t.micro_batches > 1:
+        whole = f"global batch {batch * t.micro_batches} = " if batch else ""
+        parts.append(f"{whole}{t.micro_batches} micro-batches of {batch or '?'}, gradients accumulated, "
+                     "one sync and update per step")
+    if t.zero:
+        parts.append("ZeRO-1: each weight's optimizer state (and fp32 master) sharded over its replicas")
+    return "; ".join(parts)
+
+
+def memory_breakdown(plan: Plan) -> dict[str, int]:
+    """The busiest device's bytes by part (``cost.model.memory_account``), and its index as
+    ``device``."""
+    config = plan_config(plan)
+    devs = [plan.views[i].devices(n.outputs[0]) for i, n in plan.pcg]
+    acc = memory_account(plan.pcg, devs, layout_sources(plan.pcg), plan.cluster.num_devices, config)
+    total = sum(acc.values())
+    if not len(total) or not total.max():
+        return {}
+    d = int(total.argmax())
+    return {"device": d, **{part: int(v[d]) for part, v in acc.items()}}
+
+
+def memory_text(parts: Mapping[str, int]) -> str:
+    """``device 0 (the busiest): weights 1.0 MiB, gradients ...`` (parts that hold nothing left out)."""
+    shown = ", ".join(f"{part} {fmt_bytes(v)}" for part, v in parts.items() if part != "device" and v)
+    return f"device {parts['device']} (the busiest): {shown}"
 
 
 def placement(plan: Plan) -> list[dict]:
@@ -133,6 +179,9 @@ def placement_text(group: Mapping, shown: int = 3, width: int = 40) -> str:
 
 def sync_text(sync: Mapping[str, int]) -> str:
     n, size = sync["all_reduces"], fmt_bytes(sync["bytes"])
+    if sync.get("zero"):
+        return (f"{n} reduce-scatter{'s' * (n != 1)} of {size} of gradients in all, after backward, each member "
+                f"updating its shard, then as many all-gathers of the updated weights (ZeRO-1)")
     if not sync["bucket_bytes"]:
         return (f"{n} all-reduce{'s' * (n != 1)} of {size} of gradients in all, after backward "
                 f"(one flat buffer per group of devices)")

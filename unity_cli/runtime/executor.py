@@ -19,12 +19,13 @@ import numpy as np
 
 from .. import kernels
 from ..errors import RunError
-from ..ir.buckets import sync_buckets
+from ..ir.buckets import SyncCallKind, sync_buckets, sync_calls
 from ..ir.machine_view import MachineView
 from ..ir.opspec import OpKind
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import piece_attrs, piece_region
 from ..ir.schedule import read_shape
+from ..ir.training import Training
 from .comm import Comm, make_comm
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
@@ -35,14 +36,15 @@ from .weights import ParamStore, weight_syncs
 
 def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | None, backend: str, world: Any,
                    xp: Any, trainable: Mapping[str, np.ndarray], optimizer: OptimizerConfig, loss: LossKind,
-                   constants: Mapping[str, np.ndarray], bucket_bytes: int = 0
+                   constants: Mapping[str, np.ndarray], bucket_bytes: int = 0, zero: int = 0
                    ) -> tuple[Program, Comm, ParamStore, Executor]:
     """This rank's program, communicator, weights and executor for a mapped graph;
-    ``bucket_bytes`` is the gradient sync's (``ir/buckets.py``: 0, flat after backward)."""
+    ``bucket_bytes`` is the gradient sync's (``ir/buckets.py``: 0, flat after backward),
+    ``zero`` its ZeRO stage (``ir/training.py``)."""
     program = build_program(pcg, views, class_axis)
     comm = TimedComm(make_comm(backend, world))
     comm.setup_groups(program.groups)
-    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes)
+    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes, zero)
     return program, comm, params, Executor(program, comm, xp, params, loss, constants)
 
 
@@ -109,6 +111,7 @@ class Executor:
         """With ``timings``: the seconds of each forward and backward pass over the tasks."""
         self.clock: StepClock | None = None
         """Set to time each step's phases (``phases.py``); the caller closes each step."""
+        self.loss_scale = 1.0
 
     # -- planning ------------------------------------------------------------------
 
@@ -128,10 +131,41 @@ class Executor:
     # -- a step ----------------------------------------------------------------------
 
     def step(self, inputs: Mapping[str, Any], target: Any, fault: str | None = None, apply: bool = True) -> float:
-        """One training step on this rank's pieces; returns the (global) loss. With ``fault``
-        the rank fails with that message halfway through the forward pass (for tests).
+        """One training step of one micro-batch (see :meth:`train_step`)."""
+        return self.train_step([(inputs, target)], fault, apply)
+
+    def train_step(self, batches: Sequence[tuple[Mapping[str, Any], Any]], fault: str | None = None,
+                   apply: bool = True) -> float:
+        """One training step on this rank's pieces: forward and backward of each micro-batch
+        (``batches``: its inputs and target), their gradients added up, then one sync and
+        update; returns the (global) loss, the mean of the micro-batches'. With ``fault``
+        the rank fails with that message halfway through the first forward pass (for tests).
         Without ``apply`` the weights stay as they were and the resident pieces' gradients
-        are left in ``pending``."""
+        are left in ``pending`` (one micro-batch only)."""
+        k = len(batches)
+        if k < 1 or not apply and k > 1:
+            raise ValueError(f"a step of {k} micro-batches{'' if apply else ' without an update'}")
+        self.loss_scale = 1.0 / k      # the step's loss is the micro-batches' mean
+        clock = self.clock
+        if clock:
+            clock.start()
+        total = 0.0
+        for j, (inputs, target) in enumerate(batches):
+            total += self._micro_batch(inputs, target, fault if j == 0 else None, apply, last=j == k - 1)
+        if apply:
+            self.params.update(self.grads)
+            self._resident = self.params.residents()
+        else:
+            self.pending = self.grads    # --check's one-process run: the gradients, weights untouched
+        self.grads = {}
+        if clock:
+            clock.lap("optimizer", "grad_sync")
+        return total / k
+
+    def _micro_batch(self, inputs: Mapping[str, Any], target: Any, fault: str | None, apply: bool,
+                     last: bool) -> float:
+        """Forward, loss and backward of one micro-batch; the gradients of one before the
+        last are added into the weights' buffers (``ParamStore.accumulate``)."""
         self._inputs = inputs
         self._fed = {}
         self.values: dict[TensorRef, Any] = dict(self._resident)
@@ -140,8 +174,6 @@ class Executor:
         self.ctx: dict[int, Any] = {}
         half = len(self.mine) // 2
         clock = self.clock
-        if clock:
-            clock.start()
         t0 = time.perf_counter()
         for k, m in enumerate(self.mine):
             if fault and k == half:
@@ -157,7 +189,7 @@ class Executor:
         if clock:  # the loss's gathering and all-reduce (waiting for the other ranks) is communication
             clock.lap("loss", "fwd_comm")
         t0 = time.perf_counter()
-        bucketed = apply and self.params.bucket_bytes > 0
+        bucketed = apply and last and self.params.bucket_bytes > 0
         for k in range(len(self.mine) - 1, -1, -1):
             m = self.mine[k]
             if m.active:
@@ -167,16 +199,11 @@ class Executor:
         if self.timings is not None:
             self.pass_seconds.setdefault("bwd", []).append(time.perf_counter() - t0)
         self.values = {}
+        if not last:
+            self.params.accumulate(self.grads)
+            self.grads = {}
         if clock:
             clock.lap("bwd_compute", "bwd_comm")
-        if apply:
-            self.params.update(self.grads)
-            self._resident = self.params.residents()
-        else:
-            self.pending = self.grads    # --check's one-process run: the gradients, weights untouched
-        self.grads = {}
-        if clock:
-            clock.lap("optimizer", "grad_sync")
         return loss
 
     def _guard(self, m: _Mine, fn: Callable[[_Mine], None]) -> None:
@@ -352,6 +379,8 @@ class Executor:
                 full[part] += v
             t = target[lead.region if self.loss_kind is LossKind.MSE else lead.region[:-1]]
             total, grad = loss_and_grad(self.loss_kind, full, t, self.loss_count, xp)
+            if self.loss_scale != 1.0:      # one of several micro-batches: the step's loss is their mean
+                grad *= grad.dtype.type(self.loss_scale)
             if wants_grad:
                 for rank, _, part in lead.members:
                     g = xp.ascontiguousarray(grad[part])
@@ -547,10 +576,27 @@ def _gather_shift(p: Program, i: int, t: Task) -> tuple[int, int, int] | None:
 # -- what a rank sends, without running it -----------------------------------------------------
 
 
-def planned_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
+def planned_calls(p: Program, me: int, size: int, training: Training = Training()) -> list[tuple[str, tuple]]:
     """The data-plane calls rank ``me`` of ``size`` makes in one training step, in order, as
     ``(Comm method, its arguments)`` with :class:`~.phases.Buf` standing for each array:
-    what :class:`Executor` and :class:`~.weights.ParamStore` post, from the same plans."""
+    what :class:`Executor` and :class:`~.weights.ParamStore` post, from the same plans:
+    each micro-batch's, then the sync's (``ir/buckets.sync_calls``)."""
+    calls = _micro_batch_calls(p, me, size) * training.micro_batches
+    # ParamStore's gradient sync: per flat bucket (ir/buckets.py) this rank is in, an all-reduce,
+    # or under ZeRO a reduce-scatter, and after the update an all-gather
+    mine = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0) if me in b.group]
+    for phase in (0, 1):
+        for b in mine:
+            for c in sync_calls(b, training.zero)[phase:phase + 1]:
+                whole = Buf(c.nbytes * len(c.group))   # a padded flat buffer: the shards of all members
+                calls.append((c.kind.value, {SyncCallKind.ALL_REDUCE: (c.group, Buf(c.nbytes)),
+                                             SyncCallKind.REDUCE_SCATTER: (c.group, whole, Buf(c.nbytes)),
+                                             SyncCallKind.ALL_GATHER: (c.group, Buf(c.nbytes), whole)}[c.kind]))
+    return calls
+
+
+def _micro_batch_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
+    """The calls of :func:`planned_calls` that one micro-batch's forward, loss and backward make."""
     pcg = p.pcg
     mine = [plan_step(p, me, k, s) for k, s in enumerate(p.steps)]
     calls: list[tuple[str, tuple]] = []
@@ -601,18 +647,14 @@ def planned_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
                 next(r for r in task.reads if r.src == me)
             name = "reduce" if c.kind is CollectiveKind.BCAST else "bcast"
             calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
-    # ParamStore's gradient sync: one all-reduce per flat bucket (ir/buckets.py) this rank is in
-    for b in sync_buckets(pcg, weight_syncs(p), 0):
-        if me in b.group:
-            calls.append(("allreduce", (b.group, Buf(b.nbytes))))
     return calls
 
 
-def planned_sent(p: Program, me: int, size: int) -> ByteCounter:
+def planned_sent(p: Program, me: int, size: int, training: Training = Training()) -> ByteCounter:
     """The bytes rank ``me`` sends in a training step, counted as :class:`~.phases.TimedComm`
     counts the real calls."""
     counter = ByteCounter()
-    for name, args in planned_calls(p, me, size):
+    for name, args in planned_calls(p, me, size, training):
         count_call(counter, name, me, size, args)
     return counter
 

@@ -35,10 +35,13 @@ def resolve_model(plan: Plan, override: str | None) -> Path:
     return path
 
 
-def import_for_plan(path: Path, plan: Plan) -> ImportedModel:
-    """The original PCG, imported with the input shapes the plan was made for."""
-    shapes = {name: tuple(int(d) for d in v["dims"]) for name, v in plan.model.get("inputs", {}).items()}
-    return import_model(path, ImportOptions(batch_size=plan.model.get("batch_size"), input_shapes=shapes))
+def import_for_plan(path: Path, plan: Plan, batches: int = 1) -> ImportedModel:
+    """The original PCG, imported with the input shapes the plan was made for (``batches``
+    of them at once: each input's leading dim, the batch, that many times larger)."""
+    shapes = {name: tuple(int(d) * (batches if k == 0 else 1) for k, d in enumerate(v["dims"]))
+              for name, v in plan.model.get("inputs", {}).items()}
+    batch = plan.model.get("batch_size")
+    return import_model(path, ImportOptions(batch_size=batch * batches if batch else batch, input_shapes=shapes))
 
 
 @dataclass(frozen=True)

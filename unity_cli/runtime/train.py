@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import kernels
 from ..cluster.units import format_bytes
 from ..errors import PlanError, RunError, UnityError, UsageError
@@ -322,7 +324,7 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
 
     _, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
                                                      values.trainable, optimizer, loss, values.constants,
-                                                     plan.sync_bucket_bytes)
+                                                     plan.sync_bucket_bytes, plan.training.zero)
     return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
 
 
@@ -371,6 +373,7 @@ def _holder(program: Any) -> Callable[[str, tuple[int, ...]], int | None]:
 def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     comm, xp = job.comm, job.xp
     rank = comm.rank
+    micro = job.plan.training.micro_batches
     fault = _fault_step(rank, comm.size, opts.steps)
     if _fault_rank("UNITY_FAULT_GRAD_RANK", comm.size) == rank:
         job.params.fault_scale = GRAD_FAULT
@@ -381,19 +384,23 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
         check = CheckResult()
         job.params.keep_synced = True
         if rank == 0:
-            reference = Reference(job.imported.pcg, job.backend, xp, job.weights.trainable, job.weights.constants,
+            # k micro-batches of b must train as one batch of k*b: the one-process run takes them whole
+            whole, constants = job.imported, job.weights.constants
+            if micro > 1:   # constants folded at import may have the batch in their shape
+                whole = import_for_plan(job.model, job.plan, micro)
+                constants = weight_values(job.model, whole, [whole.pcg], opts.seed).constants
+            reference = Reference(whole.pcg, job.backend, xp, job.weights.trainable, constants,
                                   job.loss, job.optimizer)
     losses, times = [], []
     clock = job.executor.clock = StepClock(comm)
     for s in range(opts.steps):
-        batch = job.data.batch(s)
-        target = xp.asarray(batch.labels)
+        batches = [job.data.batch(s * micro + j) for j in range(micro)]
         # every rank takes part; rank 0 gets them, a folded weight as the model's weights it holds
         before = unfold(job.params.gather(0), job.plan.pcg) if opts.check else {}
         comm.barrier()
         t0 = time.perf_counter()
         why = f"injected fault in step {s} (UNITY_FAULT_RANK={rank})" if fault == s else None
-        loss = job.executor.step(batch.inputs, target, fault=why)
+        loss = job.executor.train_step([(b.inputs, xp.asarray(b.labels)) for b in batches], fault=why)
         comm.sync()
         times.append(time.perf_counter() - t0)
         clock.stop(times[-1])
@@ -402,7 +409,9 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
             grads = unfold(job.params.gather(0, "grads"), job.plan.pcg)
             after = unfold(job.params.gather(0), job.plan.pcg)
             if reference is not None and check is not None:
-                ref_loss, ref_grads = reference.gradients(before, batch.inputs, target)
+                inputs = {name: np.concatenate([b.inputs[name] for b in batches]) for name in batches[0].inputs}
+                target = xp.asarray(np.concatenate([b.labels for b in batches]))
+                ref_loss, ref_grads = reference.gradients(before, inputs, target)
                 check.compare(s, loss, ref_loss, grads, ref_grads, after, reference.updated(before, grads),
                               job.optimizer.lr, _holder(job.params.program))
     job.executor.clock = None

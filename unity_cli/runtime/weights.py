@@ -6,6 +6,12 @@ resident pieces' gradients into the master's, all-reduces them with the ranks th
 the same region (data parallelism's gradient sync, in the buckets of ``ir/buckets.py``: one
 flat buffer per group after backward, or buckets started during backward as soon as their
 gradients are whole), updates the master and re-cuts its resident pieces from it.
+
+With micro-batches, each micro-batch's gradients are added into the same buffers
+(:meth:`ParamStore.accumulate`) and the sync runs once, after the last. Under ZeRO-1
+(``ir/training.py``) a group's masters live in one flat buffer padded to equal shards: the
+gradients are reduce-scattered (``ir/buckets.sync_calls``), each member updates its shard,
+with optimizer state for that shard only, and the shards are all-gathered back.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.buckets import AFTER_BACKWARD, SyncBucket, WeightSync, sync_buckets
+from ..ir.buckets import AFTER_BACKWARD, SyncBucket, SyncCallKind, WeightSync, sync_buckets, sync_calls
 from ..ir.pcg import TensorRef
 from ..ir.schedule import region_shape
 from .comm import Comm
@@ -44,8 +50,11 @@ def to_host(a: Any) -> np.ndarray:
 
 class ParamStore:
     def __init__(self, program: Program, comm: Comm, xp: Any, initial: Mapping[str, np.ndarray],
-                 optimizer: Optimizer, bucket_bytes: int = 0):
+                 optimizer: Optimizer, bucket_bytes: int = 0, zero: int = 0):
+        if zero and bucket_bytes:
+            raise ValueError("ZeRO's sync runs flat after backward: no buckets")
         self.program = program
+        self.zero = zero
         self.comm = comm
         self.xp = xp
         self.optimizer = optimizer
@@ -63,6 +72,7 @@ class ParamStore:
         self._by_node = {p.node: p for p in self.plans}
         self.buckets: list[tuple[SyncBucket, Any]] = []
         self.slots: dict[str, Any] = {}   # a synced weight's slice of its bucket's buffer
+        self.shards: list[tuple[Any, Any]] = []   # ZeRO, beside each bucket: (flat masters, summed gradient shard)
         buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes)
         if bucket_bytes:
             comm.setup_sync_groups(sorted({b.group for b in buckets}))
@@ -70,13 +80,26 @@ class ParamStore:
             if me not in b.group:
                 continue
             ms = [self._by_node[w] for w in b.weights]
-            flat = xp.empty(sum(self.master[p.name].size for p in ms), dtype=self.master[ms[0].name].dtype)
+            dtype = self.master[ms[0].name].dtype
+            size = sum(self.master[p.name].size for p in ms)
+            length = b.shard() * len(b.group) if zero else size
+            flat = xp.zeros(length, dtype=dtype) if zero else xp.empty(length, dtype=dtype)
+            masters = xp.zeros(length, dtype=dtype) if zero else None
             at = 0
             for p in ms:
                 m = self.master[p.name]
                 self.slots[p.name] = flat[at:at + m.size].reshape(m.shape)
+                if masters is not None:   # the master becomes its slice of the group's flat buffer
+                    masters[at:at + m.size] = m.reshape(-1)
+                    self.master[p.name] = masters[at:at + m.size].reshape(m.shape)
                 at += m.size
             self.buckets.append((b, flat))
+            if masters is not None:
+                self.shards.append((masters, xp.empty(b.shard(), dtype=dtype)))
+        self._sharded = {p.name for b, _ in self.buckets for p in (self._by_node[w] for w in b.weights)} \
+            if zero else set()
+        self._filled: set[str] = set()    # weights whose gradient this step's buffers already hold
+        self._gathered = False            # --check under ZeRO: the summed gradients all-gathered
         self._issued = 0                  # buckets whose all-reduce has started this step
         self._pending: list[Any] = []     # their requests (bucketed: nonblocking)
         self.keep_synced = False      # --check: keep each step's synced gradients (memory: one more copy)
@@ -97,15 +120,30 @@ class ParamStore:
                 out[TensorRef(node)] = self.xp.ascontiguousarray(piece)
         return out
 
+    def accumulate(self, grads: Mapping[TensorRef, Any]) -> None:
+        """A micro-batch before the last is done: its resident pieces' gradients are added
+        into each weight's gradient buffer (the sync runs once, after the last)."""
+        for p in self.plans:
+            self._fill(p, grads, own=True)
+
     def update(self, grads: Mapping[TensorRef, Any]) -> None:
         """Gradient sync and one optimizer step; ``grads`` holds the resident pieces' gradients.
         The synced gradient of each master region stays in ``synced`` until the next step
         (``--check`` compares it)."""
         synced = self.sync(grads)
         self.synced = synced if self.keep_synced else {}
+        self._gathered = False
         self.optimizer.begin_step()
         for p in self.plans:
-            self.optimizer.update(p.name, self.master[p.name], synced[p.name])
+            if p.name not in self._sharded:
+                self.optimizer.update(p.name, self.master[p.name], synced[p.name])
+        me = self.comm.rank
+        for k, ((b, _), (masters, shard)) in enumerate(zip(self.buckets if self.zero else (), self.shards,
+                                                           strict=True)):
+            at = b.group.index(me) * shard.size
+            mine = masters[at:at + shard.size]
+            self.optimizer.update(f"zero:{k}", mine, shard)
+            self.comm.allgather(b.group, self.xp.ascontiguousarray(mine.copy()), masters)
 
     def backward_passed(self, next_node: int, grads: Mapping[TensorRef, Any]) -> None:
         """Backward has run every step of a node above ``next_node``: start the all-reduce
@@ -133,26 +171,41 @@ class ParamStore:
             self.backward_passed(AFTER_BACKWARD - 1, grads)
             self.comm.wait_all(self._pending)
         else:
-            for b, flat in self.buckets:
+            for k, (b, flat) in enumerate(self.buckets):
                 for w in b.weights:
                     self._fill(self._by_node[w], grads)
-                self.comm.allreduce(b.group, flat)
+                call = sync_calls(b, self.zero)[0]
+                if call.kind is SyncCallKind.ALL_REDUCE:
+                    self.comm.allreduce(b.group, flat)
+                else:
+                    self.comm.reduce_scatter(b.group, flat, self.shards[k][1])
         self._issued, self._pending = 0, []
+        self._filled = set()
         return self._full
 
-    def _fill(self, p: ParamPlan, grads: Mapping[TensorRef, Any]) -> None:
+    def _fill(self, p: ParamPlan, grads: Mapping[TensorRef, Any], own: bool = False) -> None:
         """Weight ``p``'s gradient on this rank before the sync: its resident pieces'
-        gradients added up, in its slice of its bucket's buffer (or alone: not synced)."""
+        gradients added up, in its slice of its bucket's buffer (or alone: not synced);
+        added to what earlier micro-batches of the step left there (``own``: later ones
+        will add to it, so a piece is never taken as it is)."""
         me = self.comm.rank
         m = self.master[p.name]
-        out = self.slots.get(p.name)
         parts = [(region, grads[TensorRef(node)], scale * self.fault_scale)
                  for node, region, scale in p.pieces[me] if TensorRef(node) in grads]
+        if p.name in self._filled:
+            out = self._full[p.name]
+            for region, piece, scale in parts:
+                out[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
+            return
+        self._filled.add(p.name)
+        out = self.slots.get(p.name)
         if len(parts) == 1 and parts[0][1].shape == m.shape and parts[0][1].dtype == m.dtype:
             # One piece covering the master (data parallelism): taken as it is, or copied
             # into the bucket's buffer; never added into zeros.
             _, piece, scale = parts[0]
-            if out is None:
+            if out is None and own:
+                out = self.xp.array(piece if scale == 1 else piece * piece.dtype.type(scale), copy=True, order="C")
+            elif out is None:
                 out = self.xp.ascontiguousarray(piece if scale == 1 else piece * piece.dtype.type(scale))
             elif scale == 1:
                 out[...] = piece
@@ -176,8 +229,14 @@ class ParamStore:
 
     def gather(self, root: int = 0, what: str = "weights") -> dict[str, np.ndarray]:
         """Every trainable weight (``what="grads"``: its last synced gradient), whole, on
-        ``root`` (empty elsewhere); all ranks call it (``keep_synced`` for the gradients)."""
+        ``root`` (empty elsewhere); all ranks call it (``keep_synced`` for the gradients).
+        Under ZeRO a member holds only its shard of the summed gradient: the shards are
+        all-gathered first (``--check`` only, after the step)."""
         me = self.comm.rank
+        if what == "grads" and self.shards and not self._gathered:
+            for (b, flat), (_, shard) in zip(self.buckets, self.shards, strict=True):
+                self.comm.allgather(b.group, shard, flat)
+            self._gathered = True
         source = self.master if what == "weights" else self.synced
         out: dict[str, np.ndarray] = {}
         for p in self.program.params:

@@ -39,6 +39,7 @@ from ..ir.opspec import SUM, WHOLE, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
+from ..ir.training import ZERO_STAGES, Training
 from .reshard import reshard
 
 Candidate = tuple[tuple[int, ...], int]
@@ -128,25 +129,58 @@ def is_hybrid(strategy: str) -> bool:
 
 
 def parse_hybrid(strategy: str, devices: int) -> tuple[int, int]:
-    """``(tp, dp)`` of ``--strategy tp=T,dp=D``; a UsageError naming the option and the
-    device count when it is malformed or ``T*D`` is not the cluster's device count."""
+    """``(tp, dp)`` of ``--strategy tp=T,dp=D`` (see :func:`parse_strategy`)."""
+    tp, dp, _ = parse_strategy(strategy, devices)
+    return tp, dp
+
+
+STRATEGY_KEYS = ("tp", "dp", "zero", "mb")
+"""The keys of a hand-written ``--strategy``: tensor and data parallel degrees (both
+required), the ZeRO stage and the micro-batches per step (default 0 and 1)."""
+
+
+def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
+    """``(tp, dp, training)`` of ``--strategy tp=T,dp=D[,zero=Z][,mb=K]``; a UsageError
+    naming the option and the device count when it is malformed or ``T*D`` is not the
+    cluster's device count."""
     t = max(d for d in divisors(devices) if d * d <= devices)
-    usage = (f"--strategy {strategy!r}: expected tp=T,dp=D with T*D = {devices} (the cluster's device count), "
-             f"e.g. tp={t},dp={devices // t}")
+    usage = (f"--strategy {strategy[:200]!r}: expected tp=T,dp=D[,zero=Z][,mb=K] with T*D = {devices} (the "
+             f"cluster's device count), e.g. tp={t},dp={devices // t}")
     values: dict[str, int] = {}
     for part in strategy.split(","):
         key, sep, value = part.partition("=")
         key, value = key.strip().lower(), value.strip()
-        if not sep or key not in ("tp", "dp") or key in values or not value.isdigit() or int(value) < 1:
+        if key == "recompute" and sep:
+            raise UsageError(f"--strategy {strategy[:200]!r}: recompute= is not built yet (activations are kept)")
+        if not sep or key not in STRATEGY_KEYS or key in values or not _whole(value):
             raise UsageError(usage)
         values[key] = int(value)
-    if set(values) != {"tp", "dp"}:
+    if not {"tp", "dp"} <= set(values) or values["tp"] < 1 or values["dp"] < 1:
         raise UsageError(usage)
     tp, dp = values["tp"], values["dp"]
     if tp * dp != devices:
-        raise UsageError(f"--strategy {strategy}: tp*dp = {tp * dp}, but the cluster has {devices} devices "
+        raise UsageError(f"--strategy {strategy[:200]}: tp*dp = {tp * dp}, but the cluster has {devices} devices "
                          f"(T*D must equal it, e.g. tp={t},dp={devices // t})")
-    return tp, dp
+    zero, mb = values.get("zero", 0), values.get("mb", 1)
+    if zero not in ZERO_STAGES:
+        raise UsageError(f"--strategy {strategy[:200]}: zero={zero}: the ZeRO stages built are "
+                         f"{', '.join(map(str, ZERO_STAGES))}")
+    if mb < 1:
+        raise UsageError(f"--strategy {strategy[:200]}: mb={mb}: micro-batches per step must be at least 1")
+    return tp, dp, Training(zero, mb)
+
+
+def _whole(text: str) -> bool:
+    """Whether ``text`` is a whole number a person would write (ASCII digits, not '²')."""
+    return 0 < len(text) <= 9 and text.isascii() and text.isdigit()
+
+
+def strategy_name(tp: int, dp: int, training: Training = Training()) -> str:
+    """A hand-written configuration's row name: ``tp=T,dp=D``, and its ZeRO stage and
+    micro-batches where not the default."""
+    extra = (f",zero={training.zero}" if training.zero else "") + \
+        (f",mb={training.micro_batches}" if training.micro_batches > 1 else "")
+    return hybrid_name(tp, dp) + extra
 
 
 def _megatron(pcg: PCG, tp: int, dp: int) -> tuple[PCG, tuple[str, ...], str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate, layout_sources, memory_per_device
@@ -27,6 +28,7 @@ from ..deadline import OutOfTime, ceiling, check
 from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.machine_view import MachineView, devices_used
 from ..ir.pcg import PCG
+from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import validate
 from ..substitutions.rule import Rule
 from .baselines import (
@@ -39,6 +41,7 @@ from .baselines import (
     hybrid_name,
     is_hybrid,
     parse_hybrid,
+    strategy_name,
 )
 from .joint import (
     Found,
@@ -428,7 +431,7 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     the first baseline is always priced (under its default views); what the ceiling leaves
     no time for (a mapping, another baseline, the solver, a search) is left out, and
     ``SearchResult.not_priced`` names the rows that are missing for it."""
-    named = _named_hybrid(strategy, pcg, cluster) if is_hybrid(strategy) else None
+    named = _named_hybrid(strategy, pcg, cluster, config.training) if is_hybrid(strategy) else None
     if named is None and strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)}, "
                          f"or tp=T,dp=D)")
@@ -540,16 +543,22 @@ def _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work
                         tuple(missing))
 
 
-def _named_hybrid(strategy: str, pcg: PCG, cluster: ClusterSpec) -> Baseline:
-    """The hybrid ``--strategy tp=T,dp=D`` names, or a one-line UsageError."""
+def _named_hybrid(strategy: str, pcg: PCG, cluster: ClusterSpec, training: Training = Training()) -> Baseline:
+    """The hybrid ``--strategy tp=T,dp=D[,zero=Z][,mb=K]`` names (``pcg`` at the micro-batch
+    size, priced under ``training``), or a one-line UsageError."""
     n = cluster.num_devices
     tp, dp = parse_hybrid(strategy, n)
     batch = batch_size(pcg)
     if batch % dp:
         fits = ", ".join(hybrid_name(t, d) for t, d in hybrid_degrees(n, batch))
-        raise UsageError(f"--strategy {strategy}: dp={dp} does not divide the batch {batch}; on {n} devices "
+        what = f"the micro-batch {batch}" if training.micro_batches > 1 else f"the batch {batch}"
+        raise UsageError(f"--strategy {strategy[:200]}: dp={dp} does not divide {what}; on {n} devices "
                          f"these do: {fits}")
-    return hybrid(pcg, tp, dp)
+    b = hybrid(pcg, tp, dp)
+    if training.default:
+        return b
+    name = strategy_name(tp, dp, training)
+    return replace(b, name=name, description=f"{name}: {b.description.split(': ', 1)[1]}, {training.describe()}")
 
 
 def _fastest(candidates: dict[str, Candidate]) -> str:
@@ -558,3 +567,71 @@ def _fastest(candidates: dict[str, Candidate]) -> str:
         rep = candidates[name].report
         return (not rep.feasible, rep.step_time, name != Strategy.UNITY, name)
     return min(candidates, key=key)
+
+
+def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
+                  strategy: str = Strategy.BEST, training: Training | None = None,
+                  **search: Any) -> tuple[SearchResult, int]:
+    """:func:`optimize` with the step's shape (``ir/training.py``) chosen too, and the
+    micro-batches it chose. ``graph_for(k)`` is the graph at the micro-batch size of ``k``
+    micro-batches of the global ``batch``; ``search`` is :func:`optimize`'s other options.
+
+    ``training`` given (``--strategy ...,zero=Z,mb=K``, ``--zero``, ``--micro-batches``): the
+    search runs under it. None (a search asked for by name): the plain step first (one batch,
+    no ZeRO); the chosen plan is priced with ZeRO-1 too and takes it where that is faster.
+    Where no plan fits: ZeRO-1, then the fewest micro-batches (a divisor of the batch) with
+    which a plan with ZeRO-1 fits, found by bisection, and at that count the faster of with
+    and without ZeRO. A count of searches, never the clock."""
+    if training is not None or not (strategy in SEARCHES or strategy == Strategy.BEST):
+        training = training or Training()
+        if batch % training.micro_batches:
+            raise UsageError(f"mb={training.micro_batches} (--micro-batches): {training.micro_batches} micro-batches "
+                             f"do not divide the batch {batch} (--batch-size is the global batch of a step)")
+        k = training.micro_batches
+        return optimize(graph_for(k), cluster, replace(config, training=training), strategy, **search), k
+    tried: dict[tuple[int, int], SearchResult | InfeasibleError] = {}
+
+    def attempt(zero: int, k: int) -> SearchResult | None:
+        if (zero, k) not in tried:
+            try:
+                tried[(zero, k)] = optimize(graph_for(k), cluster, replace(config, training=Training(zero, k)),
+                                            strategy, **search)
+            except InfeasibleError as e:
+                tried[(zero, k)] = e
+        got = tried[(zero, k)]
+        return None if isinstance(got, InfeasibleError) else got
+
+    plain = attempt(0, 1)
+    if plain is not None:
+        return _sharded_if_faster(plain, cluster, config), 1
+    sharded = max(ZERO_STAGES)
+    # Fewest micro-batches that fit with the optimizer state sharded: memory falls as they
+    # grow, so bisect over the divisors of the batch (a few searches, not one per divisor).
+    ks = [d for d in range(1, batch + 1) if batch % d == 0]
+    lo, hi = -1, len(ks) - 1
+    if attempt(sharded, ks[hi]) is None:
+        raise tried[(0, 1)]        # (the plain step's reason: nothing fits even so)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if attempt(sharded, ks[mid]) is not None else (mid, hi)
+    k = ks[hi]
+    best = attempt(sharded, k)
+    unsharded = attempt(0, k) if k > 1 else None
+    if unsharded is not None and faster(unsharded.chosen.report, best.chosen.report):
+        best = unsharded
+    return best, k
+
+
+def _sharded_if_faster(result: SearchResult, cluster: ClusterSpec, config: CostConfig) -> SearchResult:
+    """The chosen plan with its optimizer state sharded (ZeRO-1) where that prices faster."""
+    chosen = result.chosen
+    if chosen.report.training.zero:
+        return result
+    sharded = replace(config, training=replace(chosen.report.training, zero=1))
+    report = estimate(chosen.baseline.pcg, chosen.views, cluster, sharded)
+    if not report.feasible or not faster(report, chosen.report):
+        return result
+    kept = Candidate(replace(chosen.baseline, description=f"{chosen.baseline.description}; ZeRO-1"),
+                     chosen.views, report)
+    rows = {name: (kept if c is chosen else c) for name, c in result.candidates.items()}
+    return replace(result, chosen=kept, candidates=rows)

@@ -73,6 +73,7 @@ from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.schedule import needs_grad
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
+from ..ir.training import shard_elements
 from .elimination import Elimination, TooWide
 from .groups import Grouping, group_ranges, groupings, sub_mesh
 from .reshard import reshard
@@ -345,21 +346,26 @@ class Tables:
         if not opts:
             raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {mesh[0] * mesh[1]} "
                              "devices")
-        states = 2 + config.optimizer.states
+        per_param, zero = config.weight_bytes, config.training.zero
+        micro = config.training.micro_batches    # forward and backward (and their moves) run per micro-batch
         costs, mems, syncs = [], [], []
         for o in opts:
             fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile, mask, copies)
-            t = fwd + bwd
+            t = (fwd + bwd) * micro
             sync = 0.0
             mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
             mem += n.spec.kept_elements(n.op, [s.piece for s in o.outputs]) * config.dtype.itemsize
             for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
                 match kind:
                     case Tensor.WEIGHT:
+                        # (under ZeRO the sync is a reduce-scatter and an all-gather: the all-reduce's
+                        # bytes, priced as it; the update runs on the replica's shard)
                         moved = pricer.move(pcg.shape(r), want, kind)
-                        t += moved + update_seconds(want.piece.numel, device, config, synced=moved > 0)
+                        numel = want.piece.numel
+                        updated = shard_elements(numel, want.copy_degree) if zero and moved > 0 else numel
+                        t += moved + update_seconds(updated, device, config, synced=moved > 0)
                         sync += moved
-                        mem += want.piece.numel * 4 * states
+                        mem += per_param.per_device(numel, want.copy_degree, zero)
                     case Tensor.CONSTANT:
                         t += pricer.move(pcg.shape(r), want, kind)
                         mem += want.piece.numel * 4
@@ -373,7 +379,7 @@ class Tables:
                 for s in o.outputs[:1]:
                     if s.sum_degree > 1:
                         seconds, held = pricer.priced(s, s.with_replicas(sum_degree=1))
-                        t += seconds
+                        t += seconds * micro
                         mem += held
             costs.append(t)
             mems.append(float(mem))
@@ -389,7 +395,7 @@ class Tables:
         if hit is None:
             both = np.array([[self.pricer.priced(a.outputs[index], b.inputs[k], grad=grad) for b in consumer]
                              for a in producer]).reshape(len(producer), len(consumer), 2)
-            hit = self.edges[key] = (both[:, :, 0], both[:, :, 1])
+            hit = self.edges[key] = (both[:, :, 0] * self.config.training.micro_batches, both[:, :, 1])
         return hit
 
 

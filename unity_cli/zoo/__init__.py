@@ -17,7 +17,7 @@ from typing import Any
 import onnx
 
 from ..errors import UsageError
-from . import bert, dense, inception, recsys, resnext
+from . import bert, dense, inception, llm, recsys, resnext
 from .net import BATCH, Net, WeightMode, Weights
 
 SCALES = ("paper", "small")
@@ -62,6 +62,12 @@ MODELS: dict[str, ZooModel] = _registry(
              dense.build_mlp, dense.MLP_PAPER, dense.MLP_SMALL, 6),
     ZooModel("xdl", "XDL ads model: 4 wide embedding bags of 1M x 64, concat, MLP 256-256-256-2",
              recsys.build_xdl, recsys.XDL_PAPER, recsys.XDL_SMALL, 7),
+    ZooModel("llama2-7b", "Llama 2 7B decoder (32 layers, hidden 4096, 32 heads, SwiGLU, rotary), sequence 2048",
+             llm.build_llama, llm.LLAMA2_7B, llm.LLAMA2_7B_SMALL, 8),
+    ZooModel("llama2-70b", "Llama 2 70B decoder (80 layers, hidden 8192, 64 heads, 8 KV heads), sequence 2048",
+             llm.build_llama, llm.LLAMA2_70B, llm.LLAMA2_70B_SMALL, 9),
+    ZooModel("gpt3-175b", "GPT-3 175B decoder (96 layers, hidden 12288, 96 heads, Gelu), sequence 2048",
+             llm.build_gpt, llm.GPT3_175B, llm.GPT3_175B_SMALL, 10),
 )
 
 

@@ -1,0 +1,118 @@
+"""What a training step does besides the graph: how many micro-batches it runs, where each
+weight's optimizer state lives, and how many bytes a parameter costs.
+
+These are facts the cost model, the solver and the runtime all read, so each is stated
+once, here:
+
+* :class:`Training` is the step's shape: ``micro_batches`` forward and backward passes
+  whose gradients add up before one sync and one update (gradient accumulation; the plan's
+  graph is built at the micro-batch size), and the ZeRO ``zero`` stage of every weight that
+  data-parallel replicas keep.
+* :class:`WeightBytes` is the bytes of one parameter by what holds them (the weight the
+  kernels read, its gradient, its fp32 master copy, its optimizer states), and which of
+  them a ZeRO stage shards over the replicas.
+* :func:`shard_elements` is how a flat buffer of a sync group is cut among its members.
+
+ZeRO stages (Rajbhandari et al., SC'20), as built:
+
+* 0: every replica keeps every byte of the weights it reads, and all-reduces gradients;
+* 1: the optimizer states (and the fp32 master, where the kernels read a narrower copy) are
+  sharded over the replicas: the gradient is reduce-scattered (each member gets the summed
+  shard it updates), the update runs on the shard, and the new weights are all-gathered.
+  Its bytes sent equal the all-reduce's, up to the padding of the flat buffer to a
+  multiple of the group. Megatron-LM's distributed optimizer is this stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dtypes import DType
+
+ZERO_STAGES = (0, 1)
+"""The ZeRO stages unity plans and runs (see the module docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Training:
+    """The step's shape beyond the graph (see the module docstring)."""
+
+    zero: int = 0
+    micro_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"zero={self.zero}: stages {', '.join(map(str, ZERO_STAGES))} are built")
+        if self.micro_batches < 1:
+            raise ValueError(f"micro_batches={self.micro_batches}: must be at least 1")
+
+    @property
+    def default(self) -> bool:
+        return self == Training()
+
+    def to_json(self) -> dict[str, int]:
+        """The fields that differ from the default (a plan made without them stays the same)."""
+        out = {}
+        if self.zero:
+            out["zero"] = self.zero
+        if self.micro_batches != 1:
+            out["micro_batches"] = self.micro_batches
+        return out
+
+    def describe(self) -> str:
+        parts = []
+        if self.zero:
+            parts.append(f"ZeRO-{self.zero}")
+        if self.micro_batches > 1:
+            parts.append(f"{self.micro_batches} micro-batches")
+        return ", ".join(parts)
+
+
+def shard_elements(numel: int, group: int) -> int:
+    """The elements each of ``group`` members owns of a flat buffer of ``numel``: the buffer
+    is padded with zeros to ``group`` equal shards, as MPI's and NCCL's reduce-scatter and
+    all-gather of equal blocks need."""
+    return -(-numel // max(1, group))
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBytes:
+    """Bytes per parameter, by what holds them.
+
+    In float32 training the kernels read the master weight itself: 4 (weight) + 4
+    (gradient) + 4 per optimizer state (Adam: 16). In mixed precision (``bfloat16``,
+    ``float16``) the kernels read a 2-byte copy, the gradient is accumulated in fp32 (as
+    Megatron-LM's main grads), and an fp32 master and the states are kept for the update:
+    2 + 4 + 4 + 8 = 18 with Adam. ZeRO-1 shards the master and the states: with Adam,
+    ``4 + 4 + 8/d`` (float32) or ``2 + 4 + 12/d`` (mixed) over ``d`` replicas.
+    """
+
+    weight: int       # the copy the kernels read
+    grad: int
+    master: int       # an fp32 master beside a narrower weight (0 in float32)
+    states: int       # the optimizer's
+
+    @staticmethod
+    def of(dtype: DType, optimizer_states: int) -> WeightBytes:
+        narrow = dtype in (DType.BFLOAT16, DType.FLOAT16)
+        return WeightBytes(dtype.itemsize if narrow else 4, 4, 4 if narrow else 0, 4 * optimizer_states)
+
+    @property
+    def total(self) -> int:
+        return self.weight + self.grad + self.master + self.states
+
+    def sharded(self, zero: int) -> int:
+        """The bytes per parameter that ZeRO stage ``zero`` divides among the replicas."""
+        return self.master + self.states if zero >= 1 else 0
+
+    def per_device(self, numel: int, replicas: int, zero: int) -> int:
+        """The bytes a device holds for ``numel`` parameters that ``replicas`` devices keep
+        alike (the rest of the sharded part lives on the other replicas)."""
+        kept = self.total - self.sharded(zero)
+        return numel * kept + shard_elements(numel * self.sharded(zero), replicas)
+
+    def breakdown(self, numel: int, replicas: int, zero: int) -> dict[str, int]:
+        """:meth:`per_device` by part: weights, gradients, optimizer (master and states)."""
+        opt = (self.master + self.states) * numel
+        if zero >= 1:
+            opt = shard_elements(opt, replicas)
+        return {"weights": self.weight * numel, "gradients": self.grad * numel, "optimizer": opt}
