@@ -137,3 +137,21 @@ def test_bad_training_options_are_one_line(tmp_path, text, needle):
     lines = r.output.strip().splitlines()
     assert r.exit_code != 0 and len(lines) == 1 and needle in lines[0], r.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_hybrid_across_nodes_trains_and_sends_what_it_predicts(tmp_path):
+    """tp=2,dp=2 on two nodes of two CPU ranks behind a slow link, with weights large against
+    the batch: priced at its best placement, each tensor-parallel pair spans the nodes and
+    the replicas sync inside them; that plan trains like one process, bytes as predicted."""
+    spec = tmp_path / "cpu-2x2.yaml"
+    spec.write_text((SPECS / "local-cpu.yaml").read_text().replace("count: 1", "count: 2")
+                    .replace("name: local-cpu", "name: cpu-2x2") +
+                    "inter_node_link:\n  bandwidth: 0.1 GB/s\n  latency: 50 us\n")
+    model = mlp_model(tmp_path / "wide.onnx", d_in=64, hidden=256, d_out=64)
+    plan = tmp_path / "plan.json"
+    optimize(model, spec, plan, 4, "--strategy", "tp=2,dp=2,zero=1")
+    loaded = load_plan(plan)
+    assert "in groups of devices 2 apart" in loaded.baselines["tp=2,dp=2,zero=1"]["description"]
+    doc = run_json(plan, "--steps", "2", "--check", "--optimizer", "sgd", ranks=4)
+    assert doc["check"]["passed"], doc["check"]
+    assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"]

@@ -339,7 +339,7 @@ def test_best_is_never_slower(models, clusters, tiny_models, model, cluster_name
     assert set(BASELINES) <= set(result.candidates)
     for c in result.candidates.values():
         assert best <= c.report.step_time or not c.report.feasible
-    every = {hybrid_name(t, d): price_hybrid(hybrid(pcg, t, d), cluster, config)
+    every = {hybrid_name(t, d): price_hybrid(hybrid(pcg, t, d), cluster, config, mapped=True)
              for t, d in hybrid_degrees(cluster.num_devices, batch)}
     fastest = min((c for c in every.values() if c.report.feasible), key=lambda c: c.report.step_time)
     assert [c.baseline.name for c in result.hybrids] == [k for k, c in every.items() if c.report.feasible]
@@ -372,7 +372,9 @@ def test_forced_hybrid_prices_as_the_sweep(models, clusters):
     for t, d in hybrid_degrees(6, 6):
         forced = optimize(pcg, cluster, CostConfig(), f"tp={t},dp={d}")
         assert forced.chosen.baseline.name == f"tp={t},dp={d}"
-        assert forced.chosen.report.step_time == price_hybrid(hybrid(pcg, t, d), cluster, CostConfig()).report.step_time
+        mapped = price_hybrid(hybrid(pcg, t, d), cluster, CostConfig(), mapped=True).report.step_time
+        assert forced.chosen.report.step_time == mapped
+        assert mapped <= price_hybrid(hybrid(pcg, t, d), cluster, CostConfig()).report.step_time
         assert forced.candidates[HYBRID].report.step_time <= forced.chosen.report.step_time
 
 
@@ -391,3 +393,29 @@ def test_tp2_plan_runs_on_two_ranks(models, tmp_path):
     doc = run_json(out, "--check", "--steps", "2", ranks=2)
     assert doc["check"]["passed"], doc["check"]
     assert doc["ranks"] == 2
+
+
+def test_a_hybrid_is_priced_at_its_best_placement(tmp_path):
+    """A person's tp=T,dp=D is priced as the faster of its tensor-parallel groups inside the
+    nodes and the transposed grid (its replicas inside, each group across the nodes), as the
+    mapping DP would lay it out: weights large and activations small, the gradient sync wants
+    the fast links. The transposed views put each group on every D-th device."""
+    from unity_cli.cluster.parse import parse_cluster
+    doc = {"name": "two-by-four", "device_types": {"gpu": {"kind": "gpu", "peak_flops": {"float32": "19.5 TFLOP/s"},
+                                                         "memory": {"bandwidth": "1.5 TB/s", "capacity": "40 GiB"}}},
+           "nodes": {"count": 2, "devices": 4, "device": "gpu", "intra_link": {"bandwidth": "300 GB/s",
+                                                                               "latency": "2 us"}},
+           "inter_node_link": {"bandwidth": "10 GB/s", "latency": "5 us"}}
+    cluster = parse_cluster(doc, "test")
+    pcg = import_model(mlp_model(tmp_path / "wide.onnx", d_in=1024, hidden=4096, d_out=1024, shape_only=True),
+                       ImportOptions(8)).pcg
+    b = hybrid(pcg, 2, 4)
+    plain = price_hybrid(b, cluster, CostConfig())
+    best = price_hybrid(b, cluster, CostConfig(), mapped=True)
+    assert best.report.step_time < plain.report.step_time
+    assert "in groups of devices 4 apart" in best.baseline.description and best.baseline.name == "tp=2,dp=4"
+    fc1 = b.pcg.find("fc1")
+    devs = best.views[fc1].devices(b.pcg.nodes[fc1].outputs[0])
+    assert sorted(devs) == list(range(8)) and {devs[1] - devs[0]} <= {4, 1}
+    groups = best.views[fc1].groups(b.pcg.nodes[fc1].outputs[0], 1, 2)   # the column split's pairs
+    assert all(abs(a - c) == 4 for a, c in groups)                       # across the two nodes

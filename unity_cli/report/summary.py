@@ -56,7 +56,7 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
         speed = f"{dp / b['step_time_ms']:.2f}x" if dp and b["step_time_ms"] else "-"
         mem = fmt_bytes(b["max_memory_bytes"]) + ("" if b["feasible"] else " (too big)")
         lines.append(f"{mark} {name:<24}{b['devices']:>8}{fmt_ms(b['step_time_ms']):>13}"
-                     f"{fmt_ms(b['compute_ms']):>12}{fmt_ms(b['comm_ms']):>12}{mem:>15}  {speed:>6}")
+                     f"{fmt_ms(b['compute_ms']):>12}{fmt_ms(b['comm_ms']):>12} {mem:>14}  {speed:>6}")
     micro = {b.get("micro_batches", 1) for b in plan.baselines.values()}
     if micro != {1} and len(micro) == 1:
         lines.append(f"  every row: {micro.pop()} micro-batches of {plan.model.get('batch_size')} per step")

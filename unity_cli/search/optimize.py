@@ -57,7 +57,7 @@ from .joint import (
 from .mapping import Mapper, MappingBudgetExceeded, MappingOutOfTime
 from .segments import search_segments
 from .solver import Solution, Tables, regroup, solve
-from .views import default_views
+from .views import default_views, transposed_views
 
 SEARCHES = (Strategy.UNITY, Strategy.PARALLEL_ONLY, Strategy.ALGEBRAIC_THEN_PARALLEL)
 HYBRID = Strategy.HYBRID
@@ -189,16 +189,32 @@ class _Evaluator:
         return evaluate(baseline, self.cluster, self.config, seconds, self.cache, priced)
 
 
-def price_hybrid(baseline: Baseline, cluster: ClusterSpec, config: CostConfig) -> Candidate:
+def price_hybrid(baseline: Baseline, cluster: ClusterSpec, config: CostConfig, mapped: bool = False,
+                 cache: dict | None = None) -> Candidate:
     """A uniform hybrid under the default views, which put each tensor-parallel group on
-    consecutive devices and data parallelism across the groups: the layout it promises,
-    one estimate each (no mapping DP), so every factorization is priced the same way."""
+    consecutive devices and data parallelism across the groups (the layout it promises), and
+    with ``mapped`` also as the machine-mapping DP lays it out (tensor parallelism inside
+    nodes or across them, whichever prices faster), the faster kept: a configuration a person
+    writes is priced at its best mapping, as the searches' plans are."""
     validate(baseline.pcg)
     views = default_views(baseline.pcg)
-    return Candidate(baseline, views, estimate(baseline.pcg, views, cluster, config))
+    priced = (views, estimate(baseline.pcg, views, cluster, config))
+    if not mapped:
+        return Candidate(baseline, *priced)
+    best = evaluate(baseline, cluster, config, None, cache, priced)
+    tp, dp = (int(part[3:]) for part in baseline.name.split(",")[:2])
+    across = transposed_views(baseline.pcg, views, tp, dp) if tp > 1 and dp > 1 else None
+    if across is not None:     # the replicas inside the nodes, each tensor-parallel group across them
+        report = estimate(baseline.pcg, across, cluster, config)
+        if _better(report, best.report):
+            said = f"in groups of {tp} consecutive devices, data parallel {dp} ways across them"
+            now = f"in groups of devices {dp} apart (across nodes), data parallel {dp} ways on consecutive devices"
+            best = Candidate(replace(baseline, description=baseline.description.replace(said, now)), across, report)
+    return replace(best, baseline=replace(best.baseline, name=baseline.name))
 
 
-def best_hybrid(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> tuple[Candidate, tuple[Candidate, ...]]:
+def best_hybrid(pcg: PCG, cluster: ClusterSpec, config: CostConfig,
+                mapped: bool = True) -> tuple[Candidate, tuple[Candidate, ...]]:
     """The fastest uniform ``tp=T,dp=D`` hybrid that fits, as the row ``hybrid``, and every
     one priced: all ``T*D`` = the device count with ``D`` dividing the batch (``tp=N,dp=1``
     always qualifies). One that cannot fit in device memory (a linear count, far cheaper
@@ -208,7 +224,7 @@ def best_hybrid(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> tuple[Can
     built = [hybrid(pcg, tp, dp) for tp, dp in degrees]
     need = [_peak_memory(b.pcg, cluster, config) for b in built]
     fit = [b for b, m in zip(built, need, strict=True) if m is None]
-    tried = tuple(price_hybrid(b, cluster, config) for b in fit) or \
+    tried = tuple(price_hybrid(b, cluster, config, mapped) for b in fit) or \
         (price_hybrid(built[min(range(len(built)), key=lambda k: need[k])], cluster, config),)
     won = min(tried, key=lambda c: (not c.report.feasible, c.report.step_time))
     b = won.baseline
@@ -473,7 +489,7 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
         if named is not None:
             strategy = named.name
             with ceiling(None):     # asked for by name: always priced
-                candidates[strategy] = price_hybrid(named, cluster, config)
+                candidates[strategy] = price_hybrid(named, cluster, config, mapped=True, cache=ev.cache)
         if strategy in SEARCHES or strategy == Strategy.BEST:
             return _search(pcg, cluster, config, strategy, rules, budget, alpha, progress, work, deadline, ev,
                            candidates, hybrids, missing)

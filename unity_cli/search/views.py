@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..cost.model import layout_sources
+from ..cost.model import layout_sources, stored_layout
 from ..ir.machine_view import MachineView, packed_view, parallel_axes
 from ..ir.ops.parallel import REPLICA_DIM, CombineAttrs, ReductionAttrs, reduces_copies
 from ..ir.opspec import OpKind
@@ -76,3 +76,29 @@ def _kept_on_first(view: MachineView, y: ParallelTensorShape, axis: int, d: int)
     strides = list(view.strides)
     strides[axis] *= d
     return MachineView(view.start, tuple(s if a > 1 else 0 for s, a in zip(strides, parallel_axes(y), strict=True)))
+
+
+def transposed_views(pcg: PCG, views: Sequence[MachineView], tp: int, dp: int) -> tuple[MachineView, ...] | None:
+    """A uniform ``tp=T,dp=D`` hybrid's views (each tensor-parallel group on ``T`` consecutive
+    devices: device ``g*T + t``) moved to the transposed grid, device ``t*D + g``: the data
+    parallel replicas consecutive (inside a node), each tensor-parallel group strided across
+    nodes. A source's layout that nothing but another layout reads is set up once and held by
+    no step, so it keeps its view where its move is not a strided range. None where another
+    view is not one once moved."""
+    def moved(d: int) -> int:
+        return (d % tp) * dp + d // tp
+    layout = layout_sources(pcg)
+    out = []
+    for i, n in pcg:
+        shape = n.outputs[0]
+        old = views[i]
+        start = moved(old.start)
+        strides = tuple(moved(old.start + s) - start if a > 1 else 0
+                        for a, s in zip(parallel_axes(shape), old.strides, strict=True))
+        view = MachineView(start, strides)
+        if view.devices(shape) != tuple(moved(d) for d in old.devices(shape)):
+            if layout[i] is None or stored_layout(pcg, layout, i):
+                return None
+            view = old
+        out.append(view)
+    return tuple(out)

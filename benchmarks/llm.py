@@ -1,0 +1,184 @@
+"""Decoder LLMs at the sizes people train them: unity's plan beside the configurations
+practitioners write, each priced by the same cost model in one run.
+
+    python benchmarks/llm.py [--points 7b-8,7b-64,...] [--max-candidates N]
+                             [--out benchmarks/results/llm.md]
+
+Each point is a zoo model at paper scale (``unity zoo``: weights shape-only), sequence 2048,
+``--dtype bfloat16``, Adam, on DGX A100-80GB nodes (``--cluster dgx-a100-80:N``), at a global
+batch of sequences per optimizer step. Beside unity's plan (``--strategy best``) it prices,
+with ``--strategy``:
+
+* Megatron-style tensor parallelism inside each node and data parallelism across nodes
+  (``tp=8,dp=N/8``), and the same with a distributed optimizer (``...,zero=1``, Megatron-LM's
+  ``--use-distributed-optimizer``);
+* each with one sequence per data-parallel replica per micro-batch (``mb = batch / (N/8)``),
+  as practitioners run it.
+
+unity is given the same micro-batches (``--micro-batches``), so one search per point: the
+search chooses the rest (the parallelization, ZeRO-1 or not). Every configuration is priced
+at its best placement (tensor-parallel groups inside nodes, or across them). Columns: the
+step time, the memory of the busiest device, and MFU = 6 x parameters x tokens per step /
+(step time x GPUs x the GPU's bfloat16 peak). Step times and memory are predictions.
+What does not fit in 80 GiB is said so, with the memory it needs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from click.testing import CliRunner  # noqa: E402
+
+from unity_cli import zoo  # noqa: E402
+from unity_cli.cli import cli  # noqa: E402
+from unity_cli.cluster import load_cluster  # noqa: E402
+
+SEQ = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    key: str
+    model: str
+    gpus: int
+    batch: int              # sequences per optimizer step
+
+
+POINTS = {p.key: p for p in (
+    Point("7b-8", "llama2-7b", 8, 256),
+    Point("7b-64", "llama2-7b", 64, 1024),
+    Point("70b-64", "llama2-70b", 64, 1024),
+    Point("70b-512", "llama2-70b", 512, 1024),
+    Point("175b-512", "gpt3-175b", 512, 1536),
+)}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    point: str
+    model: str
+    gpus: int
+    batch: int
+    config: str             # unity's plan, or the --strategy string
+    step_s: float | None
+    memory_bytes: int | None
+    fits: bool
+    mfu: float | None
+    seconds: float
+    note: str = ""
+
+
+def price(model: Path, p: Point, strategy: str, micro: int, max_candidates: int | None) -> Row:
+    """One ``unity optimize`` of ``p`` with ``strategy`` (and ``micro`` micro-batches)."""
+    cluster = f"dgx-a100-80:{p.gpus}"
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["optimize", str(model), "--cluster", cluster, "--batch-size", str(p.batch), "--dtype", "bfloat16",
+                "--out", str(Path(tmp) / "plan.json"), "--json", "--strategy", strategy]
+        if strategy == "best":
+            args += ["--micro-batches", str(micro)]
+        if max_candidates:
+            args += ["--max-candidates", str(max_candidates)]
+        t0 = time.monotonic()
+        r = CliRunner().invoke(cli, args)
+        seconds = time.monotonic() - t0
+    name = "unity" if strategy == "best" else strategy
+    if r.exit_code != 0:
+        return Row(p.key, p.model, p.gpus, p.batch, name, None, None, False, None, seconds,
+                   r.output.strip().splitlines()[-1] if r.output.strip() else "failed")
+    doc = json.loads(r.output)
+    pred = doc["predicted"]
+    step = pred["step_time_ms"] / 1e3
+    c = load_cluster(cluster)
+    peak = c.device_type(0).flops("bfloat16")
+    params = zoo.paper_parameters(p.model)
+    mfu = 6 * params * p.batch * SEQ / (step * p.gpus * peak)
+    fits = bool(pred["feasible"])
+    if strategy == "best":
+        chosen = doc["strategy"]
+        rows = doc["baselines"]
+        extra = rows[chosen]
+        name = f"unity ({chosen}{', ZeRO-1' if extra.get('zero') else ''})"
+    return Row(p.key, p.model, p.gpus, p.batch, name, step, max(pred["memory_bytes"]), fits, mfu, seconds,
+               "" if fits else pred.get("infeasible", ""))
+
+
+def run(p: Point, max_candidates: int | None) -> list[Row]:
+    dp = max(1, p.gpus // 8)
+    micro = p.batch // dp
+    hand = [f"tp=8,dp={dp},mb={micro}", f"tp=8,dp={dp},zero=1,mb={micro}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / f"{p.model}.onnx"
+        zoo.write(p.model, model, "paper", weights=False)
+        rows = [price(model, p, s, micro, max_candidates) for s in hand]
+        rows.append(price(model, p, "best", micro, max_candidates))
+    return rows
+
+
+def gib(b: int | None) -> str:
+    return "—" if b is None else f"{b / 2**30:.1f}"
+
+
+def markdown(rows: list[Row], header: str) -> str:
+    lines = [header, "",
+             "| model | GPUs | batch | configuration | step (s) | memory/GPU (GiB) | fits 80 GiB | MFU | search (s) |",
+             "|---|---:|---:|---|---:|---:|---|---:|---:|"]
+    for r in rows:
+        step = "—" if r.step_s is None else f"{r.step_s:.2f}"
+        mfu = "—" if r.mfu is None or not r.fits else f"{100 * r.mfu:.1f} %"
+        fits = "yes" if r.fits else ("no: " + r.note if r.note else "no")
+        lines.append(f"| {r.model} | {r.gpus} | {r.batch} | {r.config} | {step} | {gib(r.memory_bytes)} | {fits} | "
+                     f"{mfu} | {r.seconds:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", default="7b-8,7b-64", help=f"comma-separated, of {', '.join(POINTS)}")
+    ap.add_argument("--max-candidates", type=int, help="the searches' work count (default: the optimizer's)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "llm.md"),
+                    help="where the table goes (and its rows, as .json beside it); '' for stdout only")
+    args = ap.parse_args()
+    keys = [k.strip() for k in args.points.split(",") if k.strip()]
+    bad = [k for k in keys if k not in POINTS]
+    if bad:
+        ap.error(f"--points: unknown {', '.join(bad)} (choose from {', '.join(POINTS)})")
+    header = ("paper-scale zoo models, shape-only; sequence 2048, bfloat16, Adam; dgx-a100-80:N (8 A100-80GB per "
+              "node, NVLink3 inside, 8 x 200 Gb/s InfiniBand across); predicted step times; MFU against 312 "
+              "TFLOP/s; unity searched with the hand-written configurations' micro-batches "
+              f"({args.max_candidates or 'default'} candidates)")
+    load0 = os.getloadavg()
+    started = time.monotonic()
+    rows: list[Row] = []
+    for k in keys:
+        for r in run(POINTS[k], args.max_candidates):
+            rows.append(r)
+            print(f"  {r.model} on {r.gpus}: {r.config}: "
+                  f"{'—' if r.step_s is None else f'{r.step_s:.2f} s'}, {gib(r.memory_bytes)} GiB, "
+                  f"{'fits' if r.fits else 'does not fit'}, {r.seconds:.0f} s", flush=True)
+    total = time.monotonic() - started
+    load1 = os.getloadavg()
+    table = markdown(rows, header)
+    took = (f"took {total:.0f} s on {os.cpu_count()} cores; load average (1, 5, 15 min) {load0[0]:.2f}, "
+            f"{load0[1]:.2f}, {load0[2]:.2f} at the start, {load1[0]:.2f}, {load1[1]:.2f}, {load1[2]:.2f} at the end; "
+            f"{time.strftime('%Y-%m-%d')}")
+    print("\n" + table + "\n" + took)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table + "\n" + took + "\n")
+        out.with_suffix(".json").write_text(json.dumps({"header": header, "took": took,
+                                                        "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
