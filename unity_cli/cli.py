@@ -360,7 +360,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
 @handles_errors
 def zoo_command(name: str | None, out_path: str | None, scale: str, batch_size: int | None, weights: bool | None,
                 list_models: bool) -> None:
-    """Write one of the Unity paper's seven DNNs as an ONNX file (unity zoo --list)."""
+    """Write one of the Unity paper's seven DNNs, or a decoder LLM, as an ONNX file (unity zoo --list)."""
     from . import zoo
 
     if list_models:

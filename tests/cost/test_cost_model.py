@@ -347,3 +347,19 @@ def test_a_fused_activation_keeps_what_its_kernel_keeps(dgx8, fn, kept):
     for got, want in zip(backward(GemmAttrs(trans_b=True, activation=fn), ctx, [g], np),
                          backward(GemmAttrs(trans_b=True), c0, [gz], np), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_micro_batches_repeat_forward_and_backward_not_the_sync(tiny_mlp, dgx8, k):
+    """A step of k micro-batches is k forward and backward passes, then one gradient sync and
+    one update: k - 1 passes longer than one micro-batch's step, with k times its moves'
+    compute in the busiest device's sum and one micro-batch's activations in memory."""
+    pcg = import_model(tiny_mlp, ImportOptions(4)).pcg
+    one = _dp(pcg, dgx8.first(4), CostConfig()).report
+    many = _dp(pcg, dgx8.first(4), CostConfig(training=Training(micro_batches=k))).report
+    passes = max(e.end for e in one.events if e.phase in ("fwd", "loss", "bwd"))
+    assert many.step_time == pytest.approx(one.step_time + (k - 1) * passes, rel=1e-12)
+    update = max(e.end - e.start for e in one.events if e.phase == "update")
+    assert many.compute_time == pytest.approx(k * (one.compute_time - update) + update, rel=1e-12)
+    assert many.memory == one.memory and many.training.micro_batches == k
+    assert len(many.events) < 2 * len(one.events) + 8     # the first micro-batch stands for the others

@@ -93,6 +93,8 @@ class Event:
     comm: bool = False             # moving data (a stream blocked on communication) rather than computing
     hidden: bool = False           # a bucketed all-reduce's transfer beside compute: no phase of the
                                    # step waits on it (what the step pays of it are its other events)
+    times: int = 1                 # micro-batches before the last: the event of the first stands for
+                                   # itself and its repeats, each a micro-batch's span later
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,13 +316,15 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         if best is None or step < best[0]:
             best = (step, bucket, events, update, end, gathers)
     step, bucket, events, update, end, gathers = best
-    events = [_shifted(e, k * span) for k in range(train.micro_batches - 1) for e in before] + \
+    # The first micro-batch's events stand for all before the last (Event.times): a step of 256
+    # micro-batches lists two micro-batches' events, not 256.
+    events = [replace(e, times=train.micro_batches - 1) for e in before] + \
         [_shifted(e, (train.micro_batches - 1) * span) for e in events] + gathers
     busiest_compute = np.zeros(cluster.num_devices)
     busiest_comm = np.zeros(cluster.num_devices)
     for e in events:
         acc = busiest_comm if e.comm or e.stream is Stream.COMM else busiest_compute
-        np.add.at(acc, device_array(e.devices), e.end - e.start)
+        np.add.at(acc, device_array(e.devices), (e.end - e.start) * e.times)
     upd_events = [Event(-1, "update", Stream.COMPUTE, (int(d),), end, end + float(update[d]))
                   for d in np.flatnonzero(update > 0)]
     busiest_compute += update

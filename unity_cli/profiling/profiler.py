@@ -548,7 +548,7 @@ def _fixed_costs(plan: Plan, optimizer: str, ranks: Sequence[Mapping[str, float]
         if e.phase == "update":
             np.add.at(upd, list(e.devices), e.end - e.start)
         elif e.phase == "loss" and not e.comm:
-            np.add.at(loss, list(e.devices), e.end - e.start)
+            np.add.at(loss, list(e.devices), (e.end - e.start) * e.times)
             loss_devs.update(e.devices)
     return ([(r["optimizer"] - upd[d]) / counts[d] for d, r in enumerate(ranks) if counts[d]],
             [r["loss"] - loss[d] for d, r in enumerate(ranks) if d in loss_devs])

@@ -27,7 +27,16 @@ from ..search.baselines import Strategy
 from .diagram import CATEGORIES, GLYPHS, Diagram, build_diagram, render_group, render_overview
 from .markup import esc, ms, num
 from .operators import operator_rows
-from .summary import bought_text, describe_cluster, fmt_bytes, placement, placement_text
+from .summary import (
+    bought_text,
+    describe_cluster,
+    fmt_bytes,
+    memory_breakdown,
+    memory_text,
+    placement,
+    placement_text,
+    step_text,
+)
 from .timeline import KINDS, capacities, render_memory, render_timeline
 
 _NUMBER = (int, float)
@@ -136,6 +145,11 @@ def _facts(plan: Plan, report: CostReport, why: str | None) -> str:
                                                                f"communication {esc(ms(report.comm_time * 1e3))})"),
             ("peak memory", esc(fmt_bytes(max(report.memory, default=0))) + " per device"),
             ("rewrites", str(len(plan.rewrites)))]
+    if not plan.training.default:
+        rows.insert(3, ("step", esc(step_text(plan))))
+    parts = memory_breakdown(plan)
+    if parts:
+        rows.insert(-1, ("memory", esc(memory_text(parts))))
     groups = placement(plan)
     if groups:   # independent branches on device groups of their own
         rows.append(("branches", "<br>".join(esc(placement_text(g)) for g in groups)))

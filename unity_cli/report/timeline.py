@@ -82,8 +82,8 @@ def render_timeline(report: CostReport, pcg: PCG, num_devices: int, max_rows: in
     labels = {}
     for k, row in enumerate(shown):
         y = AXIS_H + k * row_h
-        busy = sum(e.end - e.start for e in row.events if e.stream is Stream.COMPUTE)
-        comm = sum(e.end - e.start for e in row.events if e.stream is Stream.COMM)
+        busy = sum((e.end - e.start) * e.times for e in row.events if e.stream is Stream.COMPUTE)
+        comm = sum((e.end - e.start) * e.times for e in row.events if e.stream is Stream.COMM)
         step_s = report.step_time or 1.0
         name = devices_label(row.devices) + ("" if row.events else " (idle)")
         out.append(f'<g class="row" data-devices="{len(row.devices)}">'
@@ -103,7 +103,8 @@ def render_timeline(report: CostReport, pcg: PCG, num_devices: int, max_rows: in
                 labels[e.node] = ("optimizer update (all weights)" if e.node == -1 else "loss" if e.node == LOSS_NODE
                                   else "gradient all-reduce (all weights, one flat buffer per group)"
                                   if e.node == SYNC_NODE else node_label(pcg, e.node))
-            tip = (f"{labels[e.node]}\n{KINDS[kind]} ({e.phase}, {e.stream.value} stream)\n"
+            again = f" (and in each of the next {e.times - 1} micro-batches)" if e.times > 1 else ""
+            tip = (f"{labels[e.node]}{again}\n{KINDS[kind]} ({e.phase}, {e.stream.value} stream)\n"
                    f"{ms(e.start * 1e3)} – {ms(e.end * 1e3)}: {ms((e.end - e.start) * 1e3)}\n"
                    f"on {devices_label(e.devices)}")
             out.append(f'<rect class="ev {kind}" x="{num(x)}" y="{num(top)}" width="{num(w)}" height="{num(h)}">'

@@ -1,5 +1,6 @@
-"""The seven DNNs of the Unity paper's evaluation (OSDI'22, section 8), built as ONNX
-graphs with ``onnx.helper``: ``unity zoo NAME --out MODEL.onnx``.
+"""The seven DNNs of the Unity paper's evaluation (OSDI'22, section 8) and three decoder
+LLMs people train today (Llama-2 7B and 70B, GPT-3 175B: ``llm.py``), built as ONNX graphs
+with ``onnx.helper``: ``unity zoo NAME --out MODEL.onnx``.
 
 Each model comes at two scales: ``paper`` (the real sizes; weights are external-data
 references, written only when asked, so the file plans without hundreds of MB of data)
