@@ -68,7 +68,7 @@ def _first_error(p: subprocess.CompletedProcess) -> str:
 def models(tmp: Path, which: list[str] | None) -> list[tuple[str, Path, int | None]]:
     """(label, file, batch or None to keep the file's) for the zoo at small scale and the shared exports."""
     out: list[tuple[str, Path, int | None]] = []
-    for name in zoo.MODELS:
+    for name in zoo.PAPER_MODELS:
         path = tmp / f"{name}.onnx"
         zoo.write(name, path, "small")
         out.append((f"zoo/{name}", path, ZOO_BATCH))

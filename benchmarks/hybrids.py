@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "hybrids.md"),
                     help="where the table goes ('' for stdout only)")
     args = ap.parse_args()
-    names = list(zoo.MODELS) if args.models == "all" else [zoo.lookup(m).name for m in args.models.split(",")]
+    names = list(zoo.PAPER_MODELS) if args.models == "all" else [zoo.lookup(m).name for m in args.models.split(",")]
     clusters = [c.strip() for c in args.clusters.split(",")]
     bad = [c for c in clusters if c not in CLUSTERS]
     if bad:

@@ -202,7 +202,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for paper.md and paper.csv")
     ap.add_argument("--plot", default=str(REPO / "docs" / "paper_speedup.png"), help="'' to skip the plot")
     args = ap.parse_args()
-    names = list(zoo.MODELS) if args.models == "all" else [zoo.lookup(m).name for m in args.models.split(",")]
+    names = list(zoo.PAPER_MODELS) if args.models == "all" else [zoo.lookup(m).name for m in args.models.split(",")]
     devices = [int(x) for x in args.devices.split(",")]
     summit = load_cluster(REPO / "cluster_specs" / "summit-192.yaml")
     config = CostConfig(optimizer=Optimizer(args.optimizer))

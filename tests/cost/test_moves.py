@@ -276,7 +276,8 @@ def test_branches_on_disjoint_device_groups(clusters, shape):
     the groups and the rest."""
     from search.test_groups import SMALL  # noqa: PLC0415
 
-    from unity_cli.search.groups import group_ranges, groupings, sub_mesh  # noqa: PLC0415
+    from unity_cli.search.groups import group_ranges, groupings  # noqa: PLC0415
+    from unity_cli.search.mesh import Mesh  # noqa: PLC0415
     from unity_cli.search.solver import build_problem, factorizations, realize, solve_problem  # noqa: PLC0415
 
     cluster = clusters[shape]
@@ -285,7 +286,7 @@ def test_branches_on_disjoint_device_groups(clusters, shape):
         pcg = make()
         for g in groupings(pcg, cluster):
             for mesh in factorizations(n):
-                p = build_problem(pcg, cluster, CostConfig(), mesh, meshes={i: sub_mesh(mesh, r.count)
+                p = build_problem(pcg, cluster, CostConfig(), mesh, meshes={i: Mesh(*mesh).sub(r.count)
                                                                             for i, r in g.ranges})
                 solved = realize(p, solve_problem(p))
                 ranges = group_ranges(pcg, g, solved)

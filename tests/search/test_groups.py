@@ -16,8 +16,9 @@ from unity_cli.cluster import load_cluster
 from unity_cli.cost.model import CostConfig, estimate
 from unity_cli.ir.simplify import simplify
 from unity_cli.search.baselines import STRATEGIES, hybrid, hybrid_degrees
-from unity_cli.search.groups import group_ranges, groupings, rewritten_views, sub_mesh
+from unity_cli.search.groups import group_ranges, groupings, rewritten_views
 from unity_cli.search.mapping import Resources
+from unity_cli.search.mesh import Mesh
 from unity_cli.search.solver import brute_force, build_problem, factorizations, realize, solve, solve_problem
 from unity_cli.search.views import default_views
 from unity_cli.substitutions.cache import load_cache
@@ -86,7 +87,7 @@ def test_a_chain_or_one_device_has_no_grouping():
 @pytest.mark.parametrize("mesh,count,want", [((2, 4), 4, (2, 2)), ((1, 8), 4, (1, 4)), ((2, 3), 3, (1, 3)),
                                               ((6, 8), 24, (6, 4)), ((4, 4), 1, (1, 1))])
 def test_a_group_keeps_what_it_can_of_the_first_mesh_axis(mesh, count, want):
-    assert sub_mesh(mesh, count) == want
+    assert Mesh(*mesh).sub(count) == want
 
 
 SMALL = [("towers", lambda: towers(6, 12)), ("towers2", lambda: towers(6, 6, depth=2)),
@@ -106,7 +107,7 @@ def test_each_grouping_is_solved_exactly_and_its_memory_is_counted(name, make, s
     assert gs
     for g in gs:
         for mesh in factorizations(c.num_devices):
-            meshes = {i: sub_mesh(mesh, r.count) for i, r in g.ranges}
+            meshes = {i: Mesh(*mesh).sub(r.count) for i, r in g.ranges}
             p = build_problem(pcg, c, CostConfig(), mesh, meshes=meshes)
             assert all(p.options[i][0].outputs[0].pieces <= r.count for i, r in g.ranges)
             want, got = brute_force(p), solve_problem(p)

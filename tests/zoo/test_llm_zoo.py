@@ -254,3 +254,10 @@ def test_list_shows_the_llms():
     assert r.exit_code == 0, r.output
     rows = {ln.split()[0]: ln.split()[1] for ln in r.output.strip().splitlines()}
     assert rows["llama2-7b"] == "6738.4M" and rows["llama2-70b"] == "68976.6M" and rows["gpt3-175b"] == "174604.3M"
+
+
+def test_the_zoo_is_the_papers_seven_and_the_llms():
+    """The benchmarks of the paper iterate PAPER_MODELS, benchmarks/llm.py the LLMs: every zoo
+    model is in exactly one of them."""
+    assert set(zoo.PAPER_MODELS) | set(zoo.LLMS) == set(zoo.MODELS)
+    assert not set(zoo.PAPER_MODELS) & set(zoo.LLMS) and len(zoo.PAPER_MODELS) == 7

@@ -105,13 +105,6 @@ def _split(res: Resources, a: SP, b: SP, balanced: bool, work: dict[int, float],
     return Resources(res.start, left), Resources(res.start + left, res.count - left)
 
 
-def sub_mesh(mesh: tuple[int, int], count: int) -> tuple[int, int]:
-    """The mesh of a group of ``count`` devices in a run on ``mesh``: its first axis as much
-    of the mesh's first axis as divides ``count``, so tensor parallelism stays inside it."""
-    g = math.gcd(mesh[0], count)
-    return g, count // g
-
-
 def group_ranges(plain: PCG, grouping: Grouping, solved: PCG) -> tuple[tuple[int, int] | None, ...] | None:
     """Each node of ``solved`` (the solver's graph of ``plain`` under ``grouping``) as a
     device range ``(start, count)``, or None for all devices. Compute operators keep their

@@ -190,18 +190,19 @@ class _Evaluator:
 
 
 def price_hybrid(baseline: Baseline, cluster: ClusterSpec, config: CostConfig, mapped: bool = False,
-                 cache: dict | None = None) -> Candidate:
+                 cache: dict | None = None, dp_mapped: bool = True) -> Candidate:
     """A uniform hybrid under the default views, which put each tensor-parallel group on
     consecutive devices and data parallelism across the groups (the layout it promises), and
-    with ``mapped`` also as the machine-mapping DP lays it out (tensor parallelism inside
-    nodes or across them, whichever prices faster), the faster kept: a configuration a person
-    writes is priced at its best mapping, as the searches' plans are."""
+    with ``mapped`` also on the transposed grid (its replicas inside the nodes, each group
+    across them) and, with ``dp_mapped``, as the machine-mapping DP lays it out; the fastest
+    kept: a configuration a person writes is priced at its best placement, as the searches'
+    plans are."""
     validate(baseline.pcg)
     views = default_views(baseline.pcg)
     priced = (views, estimate(baseline.pcg, views, cluster, config))
     if not mapped:
         return Candidate(baseline, *priced)
-    best = evaluate(baseline, cluster, config, None, cache, priced)
+    best = evaluate(baseline, cluster, config, None, cache, priced) if dp_mapped else Candidate(baseline, *priced)
     tp, dp = (int(part[3:]) for part in baseline.name.split(",")[:2])
     across = transposed_views(baseline.pcg, views, tp, dp) if tp > 1 and dp > 1 else None
     if across is not None:     # the replicas inside the nodes, each tensor-parallel group across them
@@ -219,14 +220,22 @@ def best_hybrid(pcg: PCG, cluster: ClusterSpec, config: CostConfig,
     one priced: all ``T*D`` = the device count with ``D`` dividing the batch (``tp=N,dp=1``
     always qualifies). One that cannot fit in device memory (a linear count, far cheaper
     than the step simulation on hundreds of devices) is not simulated, unless none fits:
-    then the one needing the least memory is, so the row says what it lacks."""
+    then the one needing the least memory is, so the row says what it lacks. With ``mapped``
+    each is priced at its better grid (:func:`price_hybrid`), and the fastest is laid out by
+    the machine-mapping DP too (one mapping: on a large graph it costs what pricing all the
+    others does)."""
     degrees = hybrid_degrees(cluster.num_devices, batch_size(pcg))
     built = [hybrid(pcg, tp, dp) for tp, dp in degrees]
     need = [_peak_memory(b.pcg, cluster, config) for b in built]
     fit = [b for b, m in zip(built, need, strict=True) if m is None]
-    tried = tuple(price_hybrid(b, cluster, config, mapped) for b in fit) or \
+    tried = tuple(price_hybrid(b, cluster, config, mapped, dp_mapped=False) for b in fit) or \
         (price_hybrid(built[min(range(len(built)), key=lambda k: need[k])], cluster, config),)
     won = min(tried, key=lambda c: (not c.report.feasible, c.report.step_time))
+    if mapped and fit:
+        laid = evaluate(won.baseline, cluster, config, None, None, (won.views, won.report))
+        if _better(laid.report, won.report):
+            won = replace(laid, baseline=won.baseline)
+            tried = tuple(won if c.baseline.name == won.baseline.name else c for c in tried)
     b = won.baseline
     tps = ", ".join(str(tp) for tp, _ in degrees)
     others = f"the fastest of {len(built)} uniform hybrids (tp = {tps}, dp = {cluster.num_devices}/tp)"

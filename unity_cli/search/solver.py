@@ -75,7 +75,8 @@ from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
 from ..ir.training import shard_elements
 from .elimination import Elimination, TooWide
-from .groups import Grouping, group_ranges, groupings, sub_mesh
+from .groups import Grouping, group_ranges, groupings
+from .mesh import Mesh, factorizations
 from .reshard import reshard
 from .views import default_views
 
@@ -162,21 +163,17 @@ class Problem:
 class Solution:
     pcg: PCG                       # the graph with the chosen parallel ops inserted
     objective: float
-    mesh: tuple[int, int]
+    mesh: Mesh
     choice: dict[int, Option]
     views: tuple[MachineView, ...]           # the default views, or with its branches on their device groups
     step_time: float                         # the step simulation's, under ``views``
     grouping: Grouping | None = None         # None: every operator on every device
 
 
-def factorizations(n: int) -> list[tuple[int, int]]:
-    """Mesh shapes ``(M0, M1)`` with ``M0 * M1 = n`` and ``M0 <= M1``."""
-    return [(a, n // a) for a in range(1, math.isqrt(n) + 1) if n % a == 0]
-
-
-def node_options(n: Node, shapes: Sequence[ParallelTensorShape], mesh: tuple[int, int]) -> tuple[Option, ...]:
+def node_options(n: Node, shapes: Sequence[ParallelTensorShape], mesh: Mesh) -> tuple[Option, ...]:
     """The legal options of compute node ``n`` (inputs whole, as in the plain graph) on ``mesh``."""
-    pieces = mesh[0] * mesh[1]
+    mesh = Mesh(*mesh)
+    pieces = mesh.devices
     logical = [s.logical for s in shapes]
     rank = n.outputs[0].rank
     has_sum = any(SUM in rs for rs in n.spec.roles(n.op, logical))
@@ -324,7 +321,7 @@ class Tables:
         self.nodes = price_table(cluster, config, "solver nodes", SHARED_LIMIT)
         self.edges = price_table(cluster, config, "solver edges", SHARED_LIMIT)
 
-    def node(self, pcg: PCG, i: int, mesh: tuple[int, int], returned: bool,
+    def node(self, pcg: PCG, i: int, mesh: Mesh, returned: bool,
              grads: frozenset[TensorRef], copies: bool = False) -> tuple:
         """(options, cost per option, memory per option, weight sync per option) of compute
         node ``i``; ``grads``: the tensors whose gradient flows (backward makes only those);
@@ -339,12 +336,12 @@ class Tables:
             hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask, copies)
         return hit
 
-    def _node(self, pcg: PCG, n: Node, mesh: tuple[int, int], returned: bool, kinds: tuple,
+    def _node(self, pcg: PCG, n: Node, mesh: Mesh, returned: bool, kinds: tuple,
               mask: tuple[bool, ...] | None, copies: bool) -> tuple:
         config, pricer, device = self.config, self.pricer, self.device
         opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
         if not opts:
-            raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {mesh[0] * mesh[1]} "
+            raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {mesh.devices} "
                              "devices")
         per_param, zero = config.weight_bytes, config.training.zero
         micro = config.training.micro_batches    # forward and backward (and their moves) run per micro-batch
@@ -405,10 +402,12 @@ def _source_kind(n: Node) -> Tensor:
     return Tensor.INPUT if isinstance(n.op, InputAttrs) else Tensor.ACTIVATION
 
 
-def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int],
-                  tables: Tables | None = None, meshes: Mapping[int, tuple[int, int]] | None = None) -> Problem:
+def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: Mesh,
+                  tables: Tables | None = None, meshes: Mapping[int, Mesh] | None = None) -> Problem:
     """The cost tables of ``pcg`` (a plain graph: no parallel ops) on ``mesh``; ``meshes``:
     the operators laid out on a group of fewer devices (``groups.py``), with its mesh."""
+    mesh = Mesh(*mesh)
+    meshes = None if meshes is None else {i: Mesh(*m) for i, m in meshes.items()}
     tables = tables or Tables(cluster, config)
     nodes = tuple(i for i, n in pcg if not n.spec.is_source)
     if any(pcg.nodes[i].spec.is_parallel_op for i in nodes):
@@ -440,7 +439,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tupl
             edge_memory.append(held)
     caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
     capacity = float(min(caps) if config.memory_limit is None else min(min(caps), config.memory_limit))
-    return Problem(pcg, mesh[0] * mesh[1], nodes, options, node_cost, node_memory, tuple(edges), capacity,
+    return Problem(pcg, mesh.devices, nodes, options, node_cost, node_memory, tuple(edges), capacity,
                    node_sync, tuple(edge_memory))
 
 
@@ -583,7 +582,7 @@ def _solve_milp(p: Problem) -> dict[int, int] | None:
     from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
     from scipy.sparse import coo_array  # noqa: PLC0415
 
-    index: dict[tuple[int, int], int] = {}
+    index: dict[tuple[int, int], int] = {}   # (node, option) -> column
     for i in p.nodes:
         for k in range(len(p.options[i])):
             index[(i, k)] = len(index)
@@ -710,15 +709,15 @@ def regroup(pcg: PCG, cluster: ClusterSpec, config: CostConfig, flat: Solution, 
     simulation finds one faster."""
     best = flat
     for grouping in groupings(pcg, cluster):
-        meshes = {i: sub_mesh(flat.mesh, r.count) for i, r in grouping.ranges}
+        meshes = {i: flat.mesh.sub(r.count) for i, r in grouping.ranges}
         for sol in _solutions(pcg, cluster, config, flat.mesh, tables, meshes, grouping):
             if sol.step_time < best.step_time * (1 - 1e-12):
                 best = sol
     return best
 
 
-def _solutions(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: tuple[int, int], tables: Tables,
-               meshes: Mapping[int, tuple[int, int]] | None = None, grouping: Grouping | None = None):
+def _solutions(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: Mesh, tables: Tables,
+               meshes: Mapping[int, Mesh] | None = None, grouping: Grouping | None = None):
     """The optima of one mesh (and grouping) that fit, each priced by the step simulation."""
     try:
         p = build_problem(pcg, cluster, config, mesh, tables, meshes)

@@ -72,6 +72,12 @@ MODELS: dict[str, ZooModel] = _registry(
 )
 
 
+PAPER_MODELS = ("resnext-50", "bert-large", "dlrm", "candle-uno", "inception-v3", "mlp", "xdl")
+"""The seven DNNs of the Unity paper's evaluation, as its benchmarks name them."""
+LLMS = ("llama2-7b", "llama2-70b", "gpt3-175b")
+"""The decoder LLMs (``llm.py``), planned by ``benchmarks/llm.py``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Built:
     """A built model and what was made of its weights."""
@@ -146,4 +152,5 @@ def paper_parameters(name: str) -> int:
     return build(name, "paper").params
 
 
-__all__ = ["MODELS", "SCALES", "Built", "ZooModel", "build", "lookup", "paper_parameters", "write"]
+__all__ = ["LLMS", "MODELS", "PAPER_MODELS", "SCALES", "Built", "ZooModel", "build", "lookup", "paper_parameters",
+           "write"]
