@@ -163,11 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
 
 
-def _training(strategy: str, zero: str, micro_batches: str, devices: int):
-    """The step's shape the options fix (``ir/training.py``), or None where the search chooses
-    it: ``--strategy tp=..,dp=..`` names it whole (its zero= and mb=, else the defaults);
-    ``--zero`` and ``--micro-batches`` fix their part (the other part then its default)."""
-    from .ir.training import Training
+def _training(strategy: str, zero: str, micro_batches: str, devices: int) -> tuple[int | None, int | None]:
+    """The ZeRO stage and micro-batches the options fix (``ir/training.py``; None where the
+    search chooses): ``--strategy tp=..,dp=..`` names both (its zero= and mb=, else the
+    defaults); ``--zero`` and ``--micro-batches`` fix each on its own."""
     from .search.baselines import is_hybrid, parse_strategy
 
     k = None
@@ -180,10 +179,8 @@ def _training(strategy: str, zero: str, micro_batches: str, devices: int):
         _, _, named = parse_strategy(strategy, devices)
         if zero != "auto" or k is not None:
             raise UsageError(f"--strategy {strategy[:200]}: give zero= and mb= in it, not --zero or --micro-batches")
-        return named
-    if zero == "auto" and k is None:
-        return None
-    return Training(0 if zero == "auto" else int(zero), k or 1)
+        return named.zero, named.micro_batches
+    return (None if zero == "auto" else int(zero)), k
 
 
 def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -282,9 +279,11 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     if report_path:
         check_output("--report", report_path, {**reads, "plan (--out)": out_path})
     cluster = load_cluster(cluster_path) if spec else local_cluster()   # (SPEC:N sizes a spec)
-    training = _training(strategy, zero, micro_batches, cluster.num_devices)
-    if training is not None and training.zero and sync_bucket not in ("auto", "flat"):
-        raise UsageError("--sync-bucket: ZeRO's sync runs flat after backward; give --zero 0 to bucket it")
+    fixed_zero, fixed_micro = _training(strategy, zero, micro_batches, cluster.num_devices)
+    if bucket:      # buckets asked for: ZeRO's sync runs flat, so none
+        if fixed_zero:
+            raise UsageError("--sync-bucket: ZeRO's sync runs flat after backward; give --zero 0 to bucket it")
+        fixed_zero = 0
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     shapes = _parse_inputs(inputs)
     imported = import_model(model, ImportOptions(batch_size, shapes))
@@ -310,8 +309,8 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         progress(min(costed[0], work), work, f"{costed[0]} candidates, best {best * 1e3:.3f} ms")
 
     try:
-        result, k = optimize_step(graph_for, imported.batch_size, cluster, config, strategy, training,
-                                  rules=rules.rules, budget=budget, alpha=alpha, progress=report,
+        result, k = optimize_step(graph_for, imported.batch_size, cluster, config, strategy, fixed_zero,
+                                  fixed_micro, rules=rules.rules, budget=budget, alpha=alpha, progress=report,
                                   max_candidates=max_candidates, started=started)
     finally:
         progress.close()

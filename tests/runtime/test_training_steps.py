@@ -118,6 +118,13 @@ def test_the_search_takes_micro_batches_where_nothing_fits_without(tmp_path):
     assert next(iter(got.model["inputs"].values()))["dims"][0] == 2048 // got.training.micro_batches
     out = run_json(plan, "--steps", "2", "--check", "--optimizer", "sgd")
     assert out["check"]["passed"] and out["comm_bytes"]["measured"] == out["comm_bytes"]["predicted"]
+    # the stage fixed, the micro-batches left to the search (and the other way round)
+    doc = optimize(model, spec, tmp_path / "z0.json", 2048, "--strategy", "parallel_only", "--memory-limit",
+                   f"{limit}B", "--zero", "0")
+    z0 = load_plan(tmp_path / "z0.json").training
+    assert z0.zero == 0 and z0.micro_batches > 1 and max(doc["predicted"]["memory_bytes"]) <= limit
+    optimize(model, spec, tmp_path / "k4.json", 2048, "--strategy", "parallel_only", "--micro-batches", "4")
+    assert load_plan(tmp_path / "k4.json").training.micro_batches == 4
     # fixed by hand, and too few micro-batches to fit: refused in one line, nothing written
     r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(spec), "--batch-size", "2048",
                                  "--out", str(tmp_path / "no.json"), "--memory-limit", f"{limit}B",

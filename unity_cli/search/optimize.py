@@ -595,56 +595,65 @@ def _fastest(candidates: dict[str, Candidate]) -> str:
 
 
 def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
-                  strategy: str = Strategy.BEST, training: Training | None = None,
+                  strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
                   **search: Any) -> tuple[SearchResult, int]:
     """:func:`optimize` with the step's shape (``ir/training.py``) chosen too, and the
     micro-batches it chose. ``graph_for(k)`` is the graph at the micro-batch size of ``k``
     micro-batches of the global ``batch``; ``search`` is :func:`optimize`'s other options.
 
-    ``training`` given (``--strategy ...,zero=Z,mb=K``, ``--zero``, ``--micro-batches``): the
-    search runs under it. None (a search asked for by name): the plain step first (one batch,
-    no ZeRO); the chosen plan is priced with ZeRO-1 too and takes it where that is faster.
-    Where no plan fits: ZeRO-1, then the fewest micro-batches (a divisor of the batch) with
-    which a plan with ZeRO-1 fits, found by bisection, and at that count the faster of with
-    and without ZeRO. A count of searches, never the clock."""
-    if training is not None or not (strategy in SEARCHES or strategy == Strategy.BEST):
-        training = training or Training()
-        if batch % training.micro_batches:
-            raise UsageError(f"mb={training.micro_batches} (--micro-batches): {training.micro_batches} micro-batches "
-                             f"do not divide the batch {batch} (--batch-size is the global batch of a step)")
-        k = training.micro_batches
-        return optimize(graph_for(k), cluster, replace(config, training=training), strategy, **search), k
+    What is given (``--strategy ...,zero=Z,mb=K`` gives both; ``--zero``, ``--micro-batches``)
+    is kept; a strategy that is not a search takes the defaults for the rest. A search chooses
+    the rest: the plain step first (one micro-batch, or those given; ZeRO-1 tried as well
+    where the stage is not given, kept where it prices faster); where no plan fits, ZeRO-1
+    (unless the stage is given), then the fewest micro-batches (a divisor of the batch) with
+    which a plan fits, found by bisection, and at that count the faster of with and without
+    ZeRO. A count of searches, never the clock."""
+    if micro_batches is not None and batch % micro_batches:
+        raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
+                         f"batch {batch} (--batch-size is the global batch of a step)")
+    searched = strategy in SEARCHES or strategy == Strategy.BEST
+    if not searched or zero is not None and micro_batches is not None:
+        train = Training(zero or 0, micro_batches or 1)
+        k = train.micro_batches
+        return optimize(graph_for(k), cluster, replace(config, training=train), strategy, **search), k
     tried: dict[tuple[int, int], SearchResult | InfeasibleError] = {}
 
-    def attempt(zero: int, k: int) -> SearchResult | None:
-        if (zero, k) not in tried:
+    def attempt(z: int, k: int) -> SearchResult | None:
+        if (z, k) not in tried:
             try:
-                tried[(zero, k)] = optimize(graph_for(k), cluster, replace(config, training=Training(zero, k)),
-                                            strategy, **search)
+                tried[(z, k)] = optimize(graph_for(k), cluster, replace(config, training=Training(z, k)),
+                                         strategy, **search)
             except InfeasibleError as e:
-                tried[(zero, k)] = e
-        got = tried[(zero, k)]
+                tried[(z, k)] = e
+        got = tried[(z, k)]
         return None if isinstance(got, InfeasibleError) else got
 
-    plain = attempt(0, 1)
+    stages = ZERO_STAGES if zero is None else (zero,)
+    ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
+
+    def fastest(k: int) -> SearchResult | None:
+        """The faster plan of each stage at ``k`` micro-batches (the plain stage priced
+        sharded too, where the stage is free)."""
+        got = [r for z in stages if (r := attempt(z, k)) is not None]
+        if zero is None and got and got[0].chosen.report.training.zero == 0:
+            got[0] = _sharded_if_faster(got[0], cluster, config)
+        return min(got, key=lambda r: (r.chosen.report.step_time, r.chosen.report.training.zero), default=None)
+
+    plain = attempt(stages[0], ks[0])
     if plain is not None:
-        return _sharded_if_faster(plain, cluster, config), 1
-    sharded = max(ZERO_STAGES)
-    # Fewest micro-batches that fit with the optimizer state sharded: memory falls as they
-    # grow, so bisect over the divisors of the batch (a few searches, not one per divisor).
-    ks = [d for d in range(1, batch + 1) if batch % d == 0]
+        return (_sharded_if_faster(plain, cluster, config) if zero is None else plain), ks[0]
+    least = max(stages)     # the stage that needs the least memory
+    # Fewest micro-batches that fit with it: memory falls as they grow, so bisect over the
+    # divisors of the batch (a few searches, not one per divisor).
     lo, hi = -1, len(ks) - 1
-    if attempt(sharded, ks[hi]) is None:
-        raise tried[(0, 1)]        # (the plain step's reason: nothing fits even so)
+    if attempt(least, ks[hi]) is None:
+        raise tried[(stages[0], ks[0])]        # (the plain step's reason: nothing fits even so)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if attempt(sharded, ks[mid]) is not None else (mid, hi)
-    k = ks[hi]
-    best = attempt(sharded, k)
-    unsharded = attempt(0, k) if k > 1 else None
-    if unsharded is not None and faster(unsharded.chosen.report, best.chosen.report):
-        best = unsharded
-    return best, k
+        lo, hi = (lo, mid) if attempt(least, ks[mid]) is not None else (mid, hi)
+    best = fastest(ks[hi])
+    assert best is not None
+    return best, ks[hi]
 
 
 def _sharded_if_faster(result: SearchResult, cluster: ClusterSpec, config: CostConfig) -> SearchResult:
