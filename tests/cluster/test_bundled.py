@@ -92,3 +92,10 @@ def test_optimize_on_a_sized_cluster(tmp_path):
     assert r.exit_code == 0, r.output
     plan = json.loads(out.read_text())
     assert plan["cluster"]["name"] == "dgx-a100-80:16" and plan["predicted"]["devices"] == 16
+
+
+@pytest.mark.parametrize("spec", ["dgx-a100-80:9999992", "nosuch:8", "dgx-a100-80:-8", "dgx-a100-80:"])
+def test_a_bad_size_is_one_line_naming_it(spec):
+    with pytest.raises(ClusterSpecError) as e:
+        load_cluster(spec)
+    assert str(e.value).startswith(spec + ":") and "\n" not in str(e.value)

@@ -161,6 +161,7 @@ def cluster_path(spec: str | os.PathLike[str]) -> Path:
     """The file ``--cluster`` names: a path when one exists there, else a bundled spec's
     name (``dgx-a100-8`` or ``dgx-a100-8.yaml``), else a ClusterSpecError listing them. A
     sized name (``dgx-a100-80:64``) names its base's file."""
+    given = spec
     spec, _ = sized(spec)
     p = Path(spec)
     if p.exists():
@@ -169,7 +170,7 @@ def cluster_path(spec: str | os.PathLike[str]) -> Path:
     name = p.name[:-len(".yaml")] if p.name.endswith(".yaml") else p.name
     if (p.parent == Path(".") or p.parent == Path("cluster_specs")) and name in shipped:
         return shipped[name]
-    raise ClusterSpecError(f"{spec}: no such file, and not a bundled cluster ({', '.join(shipped)}; "
+    raise ClusterSpecError(f"{given}: no such file, and not a bundled cluster ({', '.join(shipped)}; "
                            "'unity clusters' lists them)")
 
 
@@ -222,6 +223,8 @@ def _resized(data: Any, devices: int, source: str) -> Any:
     # one machine of CPU cores without a network (local-cpu): N cores, one rank each
     one_machine = nodes.get("count") == 1 and "inter_node_link" not in data and \
         isinstance(kind, Mapping) and kind.get("kind") == "cpu"
+    if devices > MAX_DEVICES:
+        raise ClusterSpecError(f"{source}: {devices} devices; unity plans for at most {MAX_DEVICES}")
     if devices < 1 or devices > per and devices % per and not one_machine:
         raise ClusterSpecError(f"{source}: {devices} devices are not whole nodes of {per}")
     count, per = (1, devices) if devices <= per or one_machine else (devices // per, per)
