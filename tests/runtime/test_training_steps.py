@@ -162,3 +162,16 @@ def test_a_hybrid_across_nodes_trains_and_sends_what_it_predicts(tmp_path):
     doc = run_json(plan, "--steps", "2", "--check", "--optimizer", "sgd", ranks=4)
     assert doc["check"]["passed"], doc["check"]
     assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"]
+
+
+def test_a_small_llama_with_grouped_query_attention(tmp_path):
+    """The small Llama-2-70B (grouped-query attention, rotary, SwiGLU, cross entropy over the
+    vocabulary): tensor x data parallel with ZeRO-1 and 2 micro-batches on 4 ranks."""
+    from unity_cli import zoo
+    model = tmp_path / "llama.onnx"
+    zoo.write("llama2-70b", model, "small")
+    plan = tmp_path / "plan.json"
+    optimize(model, cpu_spec(tmp_path, 4), plan, 8, "--strategy", "tp=2,dp=2,zero=1,mb=2")
+    doc = run_json(plan, "--steps", "2", "--check", ranks=4)
+    assert doc["loss_kind"] == "cross_entropy" and doc["check"]["passed"], doc["check"]
+    assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"]
