@@ -85,8 +85,8 @@ class RunReport:
     predicted_sent_bytes: list[int] = field(default_factory=list)  # per device, from the plan (cost.moves)
     plan_sha256: str = ""          # the plan's content_sha256: report --measured checks the run is of its plan
     peak_rss_bytes: list[int] = field(default_factory=list)   # per rank: the process's peak resident memory
-    sync: dict[str, int] = field(default_factory=dict)   # the gradient sync: bucket_bytes (0: flat) and
-                                                         # all_reduces (rank 0's per step)
+    sync: dict[str, int] = field(default_factory=dict)   # the gradient sync: bucket_bytes (0: flat),
+                                                         # all_reduces (rank 0's per step), [zero], [micro_batches]
 
     @property
     def measured_ms(self) -> float:
@@ -136,7 +136,12 @@ class RunReport:
             n, size = self.sync["all_reduces"], self.sync.get("bucket_bytes", 0)
             how = (f"in buckets of at least {format_bytes(size)}, each started during backward" if size
                    else "after backward, one flat buffer per group")
-            lines.append(f"sync     {n} gradient all-reduce{'s' * (n != 1)} per step on rank 0, {how}")
+            what = "reduce-scatter (and all-gather after the update, ZeRO-1)" if self.sync.get("zero") else "all-reduce"
+            lines.append(f"sync     {n} gradient {what}{'s' * (n != 1 and not self.sync.get('zero'))} per step on "
+                         f"rank 0, {how}")
+        micro = self.sync.get("micro_batches", 1)
+        if micro > 1:
+            lines.append(f"step     {micro} micro-batches per step, gradients accumulated before the sync")
         if self.peak_rss_bytes:
             shown = " ".join(f"{b / 2**20:.0f}" for b in self.peak_rss_bytes[:8])
             lines.append(f"memory   peak resident {shown}{' ...' if len(self.peak_rss_bytes) > 8 else ''} MiB "
@@ -441,5 +446,6 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
                        check.to_json() if check is not None else None, saved, warnings,
                        phases, predicted_phases, [round(steps[-1]) for steps in sent], predicted_sent,
                        job.plan.sha256, rss,
-                       {"bucket_bytes": job.params.bucket_bytes, "all_reduces": len(job.params.buckets)})
+                       {"bucket_bytes": job.params.bucket_bytes, "all_reduces": len(job.params.buckets),
+                        **job.plan.training.to_json()})
     return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)
