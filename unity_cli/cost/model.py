@@ -33,6 +33,7 @@ from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
+from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
@@ -85,7 +86,7 @@ class Event:
     """One piece of work on the simulated timeline of a step (times in seconds)."""
 
     node: int
-    phase: str                     # "fwd" | "loss" | "bwd" | "sync" | "update"
+    phase: Phase
     stream: Stream
     devices: tuple[int, ...]
     start: float
@@ -206,7 +207,8 @@ def cost_of_phases(ctx: CostContext, i: int, views: Mapping[int, MachineView] | 
     its compute, and those times (what :func:`node_cost` finds, given the moves it finds)."""
     pcg, cluster, config = ctx.pcg, ctx.cluster, ctx.config
     n = pcg.nodes[i]
-    f, b, sync, loss = t.get("fwd", 0.0), t.get("bwd", 0.0), t.get("sync", 0.0), t.get("loss", 0.0)
+    f, b = t.get(Phase.FWD, 0.0), t.get(Phase.BWD, 0.0)
+    sync, loss = t.get(Phase.SYNC, 0.0), t.get(Phase.LOSS, 0.0)
     if n.spec.is_source or ctx.layout[i] is not None:
         return NodeCost(i, 0, 0, 0, 0, sync, loss)
     if n.spec.is_parallel_op:
@@ -291,12 +293,12 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     # Bytes: each micro-batch's moves, and the sync's calls once per step (ir/buckets.sync_calls,
     # which the runtime makes): per weight and per bucket the same for an all-reduce, but
     # ZeRO's shards are padded per bucket.
-    sent = sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != "sync"), train.micro_batches),
+    sent = sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != Phase.SYNC), train.micro_batches),
                                ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)), 1)],
                               cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
-    synced = [m for _, ms in priced for m in ms if m.phase == "sync"]
+    synced = [m for _, ms in priced for m in ms if m.phase == Phase.SYNC]
     # The micro-batches before the last run forward and backward alone; the last one's
     # backward is where the sync's buckets may start.
     before = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss)) \
@@ -325,7 +327,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     for e in events:
         acc = busiest_comm if e.comm or e.stream is Stream.COMM else busiest_compute
         np.add.at(acc, device_array(e.devices), (e.end - e.start) * e.times)
-    upd_events = [Event(-1, "update", Stream.COMPUTE, (int(d),), end, end + float(update[d]))
+    upd_events = [Event(StepNode.UPDATE, Phase.UPDATE, Stream.COMPUTE, (int(d),), end, end + float(update[d]))
                   for d in np.flatnonzero(update > 0)]
     busiest_compute += update
     memory = memory_per_device(pcg, devs, layout, cluster.num_devices, config)
@@ -351,7 +353,7 @@ _CALL_KINDS = {SyncCallKind.ALL_REDUCE: Collective.ALL_REDUCE, SyncCallKind.REDU
 
 def _call_move(c) -> Move:
     """A sync call of ``ir/buckets.sync_calls`` as the move the cost model prices."""
-    return Move(_CALL_KINDS[c.kind], "sync", c.group, c.nbytes)
+    return Move(_CALL_KINDS[c.kind], Phase.SYNC, c.group, c.nbytes)
 
 
 def _shifted(e: Event, by: float) -> Event:
@@ -375,16 +377,16 @@ def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray
     for ms in classes.values():
         ds = device_array(tuple(sorted({d for m in ms for d in m.group})))
         start = float(finish[ds].max())
-        seconds = phase_seconds(ms, ctx.cluster, ctx.config.profile)["sync"]
+        seconds = phase_seconds(ms, ctx.cluster, ctx.config.profile)[Phase.SYNC]
         finish[ds] = start + seconds
-        events.append(Event(SYNC_NODE, "sync", Stream.COMM, tuple(int(d) for d in ds), start, start + seconds))
+        events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, tuple(int(d) for d in ds), start, start + seconds))
     return finish, events
 
 
-LOSS_NODE = -2
+LOSS_NODE = StepNode.LOSS
 """The node of the loss events (the update's is -1): gathering the output's pieces the loss
 needs together (``NodeCost.comm_loss``), then the loss itself (:func:`loss_seconds`)."""
-SYNC_NODE = -3
+SYNC_NODE = StepNode.SYNC
 """The node of the gradient all-reduce events: each is the flat all-reduces of groups of one
 size and buffer size, run at once."""
 LOSS_PASSES = {"mse": 12, "cross_entropy": 22}
@@ -450,7 +452,7 @@ def _flat_syncs(ctx: CostContext, weights: Sequence[WeightSync]) -> list[SyncCla
         first = sync_calls(b, ctx.config.training.zero)[0]    # an all-gather, if any, comes after the update
         classes.setdefault((len(b.group), first.nbytes), []).append(_call_move(first))
     return [SyncClass(AFTER_BACKWARD, tuple(sorted({d for m in ms for d in m.group})),
-                      phase_seconds(ms, ctx.cluster, ctx.config.profile)["sync"])
+                      phase_seconds(ms, ctx.cluster, ctx.config.profile)[Phase.SYNC])
             for ms in classes.values()]
 
 
@@ -460,7 +462,7 @@ def weight_syncs(st: Structure, moves: Sequence[Sequence[Move]]) -> list[WeightS
     carrier's). The runtime reads the same from its program (``runtime/weights.py``)."""
     pcg = st.pcg
     return sorted((WeightSync(w, pcg.nodes[w].outputs[0].dtype.value, st.residents[w],
-                              tuple((m.group, m.nbytes) for m in moves[i] if m.phase == "sync"))
+                              tuple((m.group, m.nbytes) for m in moves[i] if m.phase == Phase.SYNC))
                    for i, w in st.sync.items()), key=lambda x: x.weight)
 
 
@@ -476,14 +478,14 @@ def _bucket_syncs(ctx: CostContext, weights: Sequence[WeightSync], bucket_bytes:
     out = []
     for bs in (bs for _, bs in sorted(classes.items())):
         ds = tuple(sorted({d for b in bs for d in b.group}))
-        moves = [Move(Collective.ALL_REDUCE, "sync", b.group, b.nbytes) for b in bs]
+        moves = [Move(Collective.ALL_REDUCE, Phase.SYNC, b.group, b.nbytes) for b in bs]
         types = {cluster.device_type(d) for d in ds}
         overlap = min((profile.sync_overlap(t) or 0.0) if profile is not None else 0.0 for t in types)
         copy: dict[int, float] = {}
         for b in bs:
             for d in b.group:
                 copy[d] = copy.get(d, 0.0) + sync_copy_seconds(b.nbytes, cluster.device_type(d))
-        out.append(SyncClass(bs[0].ready, ds, phase_seconds(moves, cluster, profile)["sync"], overlap,
+        out.append(SyncClass(bs[0].ready, ds, phase_seconds(moves, cluster, profile)[Phase.SYNC], overlap,
                              tuple(copy.get(d, 0.0) for d in ds)))
     return out
 
@@ -509,7 +511,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
     ready = [0.0] * len(pcg)
     loss_devs, loss_s = loss
 
-    def busy(i: int, phase: str, parts: Sequence[tuple[float, bool]], start: float) -> float:
+    def busy(i: int, phase: Phase, parts: Sequence[tuple[float, bool]], start: float) -> float:
         """Events one after another on the compute stream of node ``i``'s devices (``(seconds,
         communication?)``: the runtime moves a step's data, then runs its kernel, or the
         reverse backward); returns when the last ends."""
@@ -525,17 +527,17 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
     for i, n in pcg:
         c = costs[i]
         start = max([ready[r.node] for r in n.inputs] + free(free_compute, devs[i]), default=0.0)
-        ready[i] = busy(i, "fwd", ((c.comm_fwd, True), (c.compute_fwd, False)), start)
+        ready[i] = busy(i, Phase.FWD, ((c.comm_fwd, True), (c.compute_fwd, False)), start)
     fwd_end = max(ready, default=0.0)
     gather = sum(c.comm_loss for c in costs)
     if (loss_s > 0 or gather > 0) and loss_devs:
         start = max([fwd_end] + free(free_compute, loss_devs))
-        fwd_end = busy(LOSS_NODE, "loss", ((gather, True), (loss_s, False)), start)
+        fwd_end = busy(LOSS_NODE, Phase.LOSS, ((gather, True), (loss_s, False)), start)
     grad_ready = [fwd_end] * len(pcg)
     pending = [c for c in syncs if c.ready != AFTER_BACKWARD]   # in the order they start
     issued = 0
 
-    def at_own_time(devices: np.ndarray, seconds: np.ndarray, phase: str, comm: bool) -> None:
+    def at_own_time(devices: np.ndarray, seconds: np.ndarray, phase: Phase, comm: bool) -> None:
         """Work each device does on its compute stream from where it is (grouped by start)."""
         starts = free_compute[devices]
         for t in np.unique(starts):
@@ -555,12 +557,12 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         joined and the link is free, and the share of it that does not overlap compute is
         taken from each member's compute stream (progress made on its core)."""
         ix = device_array(c.devices)
-        at_own_time(ix, np.asarray(c.copy), "bwd", False)
+        at_own_time(ix, np.asarray(c.copy), Phase.BWD, False)
         start = max(float(free_compute[ix].max()), float(free_comm[ix].max()))
         block = (1.0 - c.overlap) * c.seconds
         if block > 0:
-            at_own_time(ix, np.full(len(ix), block), "sync", True)
-        events.append(Event(SYNC_NODE, "sync", Stream.COMM, c.devices, start, start + c.seconds, hidden=True))
+            at_own_time(ix, np.full(len(ix), block), Phase.SYNC, True)
+        events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, c.devices, start, start + c.seconds, hidden=True))
         free_comm[ix] = start + c.seconds
         last[ix] = np.maximum(last[ix], start + c.seconds)
     for i in range(len(pcg) - 1, -1, -1):
@@ -569,7 +571,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         start = max([grad_ready[u] for u, _ in users] + [fwd_end], default=fwd_end)
         if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:   # (a sync carrier has neither: its sync runs below)
             s = max([start] + free(free_compute, devs[i]))
-            grad_ready[i] = busy(i, "bwd", ((c.compute_bwd, False), (c.comm_bwd, True)), s)
+            grad_ready[i] = busy(i, Phase.BWD, ((c.compute_bwd, False), (c.comm_bwd, True)), s)
         else:
             grad_ready[i] = start
         while issued < len(pending) and pending[issued].ready >= i:   # backward has run every node from i on
@@ -579,14 +581,14 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         issue(c)
     waits = np.flatnonzero(last > free_compute)   # a bucketed sync's wait for its last transfers
     if len(waits):
-        at_own_time(waits, last[waits] - free_compute[waits], "sync", True)
+        at_own_time(waits, last[waits] - free_compute[waits], Phase.SYNC, True)
     # A flat sync all-reduces a device's weight gradients when its whole backward is done,
     # not beside it, and so does this.
     for c in syncs:
         ds, seconds = c.devices, c.seconds
         if c.ready == AFTER_BACKWARD and seconds > 0:
             s = max(free(free_compute, ds) + free(free_comm, ds))
-            events.append(Event(SYNC_NODE, "sync", Stream.COMM, ds, s, s + seconds))
+            events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, ds, s, s + seconds))
             free_comm[device_array(ds)] = s + seconds
     return events
 

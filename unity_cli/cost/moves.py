@@ -37,6 +37,7 @@ from ..cluster.spec import ClusterSpec, Link
 from ..ir.dtypes import DType
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG, TensorRef
+from ..ir.phase import MOVE_PHASES, Phase
 from ..ir.schedule import (
     LOCAL,
     LOSS_VALUE_BYTES,
@@ -62,7 +63,7 @@ from .comm import groups_time, link_for
 if TYPE_CHECKING:
     from .profile import Profile
 
-PHASES = ("fwd", "bwd", "loss", "sync")
+PHASES = MOVE_PHASES
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class Move:
     :func:`~unity_cli.cost.comm.sent_bytes` reads it), in ``phase``."""
 
     kind: Collective
-    phase: str                     # "fwd" | "bwd" | "loss" | "sync"
+    phase: Phase
     group: tuple[int, ...]
     nbytes: int
     root: int = -1
@@ -226,13 +227,13 @@ def step_moves(st: Structure, sched: Schedule, step: Step, dtype: DType) -> list
         grad = back and src in st.grads
         for c in step.collectives:
             if c.kind is CollectiveKind.ALLREDUCE:
-                out.append(Move(Collective.ALL_REDUCE, "fwd", c.group, nb))
+                out.append(Move(Collective.ALL_REDUCE, Phase.FWD, c.group, nb))
                 if grad:
-                    out.append(Move(Collective.ALL_REDUCE, "bwd", c.group, nb))
+                    out.append(Move(Collective.ALL_REDUCE, Phase.BWD, c.group, nb))
             else:
-                out.append(Move(Collective.ALL_GATHER, "fwd", c.group, nb))
+                out.append(Move(Collective.ALL_GATHER, Phase.FWD, c.group, nb))
                 if grad:
-                    out.append(Move(Collective.REDUCE_SCATTER, "bwd", c.group, nb))
+                    out.append(Move(Collective.REDUCE_SCATTER, Phase.BWD, c.group, nb))
         return out
     covered = {(ti, ri) for c in step.collectives for ti, ri in c.covered}
     memo: dict = {}
@@ -241,22 +242,22 @@ def step_moves(st: Structure, sched: Schedule, step: Step, dtype: DType) -> list
             if (ti, ri) in covered or rd.src in (LOCAL, t.rank):
                 continue
             nb = _read_bytes(pcg, rd, dtype, memo)
-            out.append(Move(Collective.P2P, "fwd", (rd.src, t.rank), nb))
+            out.append(Move(Collective.P2P, Phase.FWD, (rd.src, t.rank), nb))
             if back and rd.ref in st.grads:
-                out.append(Move(Collective.P2P, "bwd", (t.rank, rd.src), nb))
+                out.append(Move(Collective.P2P, Phase.BWD, (t.rank, rd.src), nb))
     for c in step.collectives:
         ti, ri = c.covered[0]
         rd = step.tasks[ti].reads[ri]
         nb = _read_bytes(pcg, rd, dtype)
         grad = back and rd.ref in st.grads
         if c.kind is CollectiveKind.BCAST:
-            out.append(Move(Collective.BROADCAST, "fwd", c.group, nb, c.root))
+            out.append(Move(Collective.BROADCAST, Phase.FWD, c.group, nb, c.root))
             if grad:
-                out.append(Move(Collective.REDUCE, "bwd", c.group, nb, c.root))
+                out.append(Move(Collective.REDUCE, Phase.BWD, c.group, nb, c.root))
         elif c.kind is CollectiveKind.REDUCE:
-            out.append(Move(Collective.REDUCE, "fwd", c.group, nb, c.root))
+            out.append(Move(Collective.REDUCE, Phase.FWD, c.group, nb, c.root))
             if grad:
-                out.append(Move(Collective.BROADCAST, "bwd", c.group, nb, c.root))
+                out.append(Move(Collective.BROADCAST, Phase.BWD, c.group, nb, c.root))
         else:
             raise AssertionError(c.kind)
     return out
@@ -271,7 +272,7 @@ def _sync_moves(st: Structure, sched: Schedule, w: int) -> list[Move]:
     for rank, g in sorted(plan.group.items()):
         if len(g) > 1 and g not in seen:
             seen.add(g)
-            out.append(Move(Collective.ALL_REDUCE, "sync", g,
+            out.append(Move(Collective.ALL_REDUCE, Phase.SYNC, g,
                             math.prod(region_shape(plan.master[rank], plan.shape)) * size))
     return out
 
@@ -290,11 +291,11 @@ def _loss_moves(st: Structure, sched: Schedule, dtype: DType) -> list[Move]:
         for c in members[1:]:
             rank = owners[c]
             if rank != leader:
-                out.append(Move(Collective.P2P, "loss", (rank, leader), nb))
+                out.append(Move(Collective.P2P, Phase.LOSS, (rank, leader), nb))
                 if grad:
-                    out.append(Move(Collective.P2P, "loss", (leader, rank), nb))
+                    out.append(Move(Collective.P2P, Phase.LOSS, (leader, rank), nb))
     if st.num_devices > 1:
-        out.append(Move(Collective.ALL_REDUCE, "loss", tuple(range(st.num_devices)), LOSS_VALUE_BYTES))
+        out.append(Move(Collective.ALL_REDUCE, Phase.LOSS, tuple(range(st.num_devices)), LOSS_VALUE_BYTES))
     return out
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..cluster.spec import ClusterSpec
 from ..cost.model import LOSS_NODE, SYNC_NODE, CostReport, Event, Stream
 from ..ir.pcg import PCG
+from ..ir.phase import StepNode
 from .markup import devices_label, esc, ms, nice_step, num
 from .operators import node_label
 from .summary import fmt_bytes
@@ -100,7 +101,8 @@ def render_timeline(report: CostReport, pcg: PCG, num_devices: int, max_rows: in
             x = LABEL_W + e.start * 1e3 * scale
             w = max((e.end - e.start) * 1e3 * scale, 0.4)
             if e.node not in labels:
-                labels[e.node] = ("optimizer update (all weights)" if e.node == -1 else "loss" if e.node == LOSS_NODE
+                labels[e.node] = ("optimizer update (all weights)" if e.node == StepNode.UPDATE
+                                  else "loss" if e.node == LOSS_NODE
                                   else "gradient all-reduce (all weights, one flat buffer per group)"
                                   if e.node == SYNC_NODE else node_label(pcg, e.node))
             again = f" (and in each of the next {e.times - 1} micro-batches)" if e.times > 1 else ""
