@@ -167,12 +167,11 @@ def _training(strategy: str, zero: str, micro_batches: str, devices: int) -> tup
     """The ZeRO stage and micro-batches the options fix (``ir/training.py``; None where the
     search chooses): ``--strategy tp=..,dp=..`` names both (its zero= and mb=, else the
     defaults); ``--zero`` and ``--micro-batches`` fix each on its own."""
-    from .search.baselines import is_hybrid, parse_strategy
+    from .search.baselines import is_hybrid, parse_strategy, whole_number
 
     k = None
     if micro_batches != "auto":
-        if not (0 < len(micro_batches) <= 9 and micro_batches.isascii() and micro_batches.isdigit()) \
-                or int(micro_batches) < 1:
+        if not whole_number(micro_batches) or int(micro_batches) < 1:
             raise UsageError(f"--micro-batches {micro_batches[:40]!r}: expected auto or a whole number >= 1")
         k = int(micro_batches)
     if is_hybrid(strategy):

@@ -306,12 +306,12 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     span = max((e.end for e in before), default=0.0)
     best, tried = None, set()
     for bucket in sync_bucket_choices(cluster, config):
-        syncs = _flat_syncs(ctx, weights) if bucket == 0 else _bucket_syncs(ctx, weights, bucket)
+        syncs = _flat_syncs(ctx, flat) if bucket == 0 else _bucket_syncs(ctx, weights, bucket)
         if tuple(syncs) in tried:     # a larger size that cuts the same buckets: the same step
             continue
         tried.add(tuple(syncs))
         events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs)
-        update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else (), weights)
+        update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else (), flat)
         end = max((e.end for e in events), default=0.0) + (train.micro_batches - 1) * span
         finish, gathers = _after_update(ctx, flat, end + update)
         step = float(finish.max(initial=0.0))
@@ -364,23 +364,30 @@ def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray
     """When each device is through with the step, given when its update ends (``done``):
     under ZeRO, each bucket's all-gather of the updated shards starts once its members have
     updated them (buckets of one size and group size at once, as the flat sync's classes)."""
-    zero = ctx.config.training.zero
     finish = np.array(done, dtype=float)
     events: list[Event] = []
-    if zero == 0:
-        return finish, events
+    if not ctx.config.training.zero:
+        return finish, events        # an all-reduce leaves nothing for after the update
+    for devices, seconds in _at_once(ctx, flat, after_update=True):
+        ds = device_array(devices)
+        start = float(finish[ds].max())
+        finish[ds] = start + seconds
+        events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, devices, start, start + seconds))
+    return finish, events
+
+
+def _at_once(ctx: CostContext, flat: Sequence[SyncBucket], after_update: bool) -> list[tuple[tuple[int, ...], float]]:
+    """The flat sync's calls (``ir/buckets.sync_calls``: before the update, or with
+    ``after_update`` a ZeRO all-gather after it) that run at once, as (devices, seconds): the
+    calls of groups of one size and buffer size, sharing a node's network interface as
+    :func:`~unity_cli.cost.moves.phase_seconds` prices them."""
     classes: dict[tuple[int, int], list[Move]] = {}
     for b in sorted(flat, key=lambda b: (b.group, b.dtype)):
-        for c in sync_calls(b, zero):
-            if c.kind is SyncCallKind.ALL_GATHER:
-                classes.setdefault((len(c.group), c.nbytes), []).append(_call_move(c))
-    for ms in classes.values():
-        ds = device_array(tuple(sorted({d for m in ms for d in m.group})))
-        start = float(finish[ds].max())
-        seconds = phase_seconds(ms, ctx.cluster, ctx.config.profile)[Phase.SYNC]
-        finish[ds] = start + seconds
-        events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, tuple(int(d) for d in ds), start, start + seconds))
-    return finish, events
+        calls = sync_calls(b, ctx.config.training.zero)
+        for c in calls[1:] if after_update else calls[:1]:
+            classes.setdefault((len(c.group), c.nbytes), []).append(_call_move(c))
+    return [(tuple(sorted({d for m in ms for d in m.group})),
+             phase_seconds(ms, ctx.cluster, ctx.config.profile)[Phase.SYNC]) for ms in classes.values()]
 
 
 LOSS_NODE = StepNode.LOSS
@@ -441,19 +448,12 @@ def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, 
     return (0,)
 
 
-def _flat_syncs(ctx: CostContext, weights: Sequence[WeightSync]) -> list[SyncClass]:
+def _flat_syncs(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[SyncClass]:
     """The gradient sync as the runtime runs it flat (``runtime/weights.py``): one all-reduce
     (under ZeRO, a reduce-scatter) per group of devices and dtype, over one flat buffer of
-    every weight region the group keeps, not one per weight (``ir/buckets.py``). Groups of
-    the same size and buffer run at once (sharing a node's network interface, as
-    :func:`~unity_cli.cost.moves.phase_seconds` prices them)."""
-    classes: dict[tuple[int, int], list[Move]] = {}
-    for b in sorted(sync_buckets(ctx.pcg, weights, 0), key=lambda b: (b.group, b.dtype)):
-        first = sync_calls(b, ctx.config.training.zero)[0]    # an all-gather, if any, comes after the update
-        classes.setdefault((len(b.group), first.nbytes), []).append(_call_move(first))
-    return [SyncClass(AFTER_BACKWARD, tuple(sorted({d for m in ms for d in m.group})),
-                      phase_seconds(ms, ctx.cluster, ctx.config.profile)[Phase.SYNC])
-            for ms in classes.values()]
+    every weight region the group keeps (``flat``: the buckets of ``ir/buckets.py``), not one
+    per weight; groups of the same size and buffer at once (:func:`_at_once`)."""
+    return [SyncClass(AFTER_BACKWARD, devices, seconds) for devices, seconds in _at_once(ctx, flat, False)]
 
 
 def weight_syncs(st: Structure, moves: Sequence[Sequence[Move]]) -> list[WeightSync]:
@@ -639,12 +639,12 @@ def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequenc
 
 def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
                  cluster: ClusterSpec, config: CostConfig, synced: Sequence[Move] = (),
-                 weights: Sequence[WeightSync] = ()) -> np.ndarray:
+                 flat: Sequence[SyncBucket] = ()) -> np.ndarray:
     """Optimizer update: a streaming pass over each device's weights, grads and state, and
     the copy of the gradients each device syncs (``synced``, the sync moves) into their
     groups' flat buffers. Under ZeRO a device updates its shard of each flat buffer of its
-    groups once (``weights``: what the buckets are made of), and each weight it keeps
-    without replicas as before."""
+    groups once (``flat``: the flat sync's buckets), and each weight it keeps without
+    replicas as before."""
     t = np.zeros(cluster.num_devices)
     copied: dict[int, int] = {}
     for m in synced:
@@ -653,16 +653,16 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     for d, nbytes in copied.items():
         t[d] += sync_copy_seconds(nbytes, cluster.device_type(d))
     types, index, _ = _device_types(cluster)
-    sharded: dict[int, frozenset[int]] = {}     # weight -> the devices that update it by shards
+    sharded: dict[int, set[int]] = {}     # weight -> the devices that update it by shards
     if config.training.zero:
-        for w in weights:
-            sharded[w.weight] = frozenset(d for g, _ in w.groups if len(g) > 1 for d in g)
-        for b in sync_buckets(pcg, weights, 0):
+        for b in flat:
+            for w in b.weights:
+                sharded.setdefault(w, set()).update(b.group)
             for d in b.group:
                 t[d] += update_seconds(b.shard(), cluster.device_type(d), config)
     for i in _updated(pcg, layout):
         per_type = np.array([update_seconds(pcg.nodes[i].outputs[0].piece.numel, ty, config) for ty in types])
-        skip = sharded.get(layout[i], frozenset())
+        skip = sharded.get(layout[i], set())
         ix = device_array(tuple(d for d in devs[i] if d not in skip) if skip else devs[i])
         np.add.at(t, ix, per_type[index[ix]])
     return t

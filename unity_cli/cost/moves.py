@@ -320,18 +320,10 @@ def sent_per_device(moves: Iterable[Move], num_devices: int) -> list[Fraction]:
     return [Fraction(int(x), common) for x in total]
 
 
-def sent_rounded(moves: Iterable[Move], num_devices: int) -> tuple[int, ...]:
-    """:func:`sent_per_device`, each rounded to whole bytes as ``round`` rounds a fraction
-    (half to even)."""
-    total, common = _sent(moves, num_devices)
-    if common == 1:       # whole bytes already: no fractions to build
-        return tuple(int(x) for x in total)
-    return tuple(round(Fraction(int(x), common)) for x in total)
-
-
 def sent_rounded_parts(parts: Iterable[tuple[Iterable[Move], int]], num_devices: int) -> tuple[int, ...]:
-    """:func:`sent_rounded` of several lists of moves, each made ``times`` times per step (a
-    micro-batch's moves, the sync's once), added exactly before rounding."""
+    """:func:`sent_per_device` of several lists of moves, each made ``times`` times per step
+    (a micro-batch's moves, the sync's once), added exactly, then each device's rounded to
+    whole bytes as ``round`` rounds a fraction (half to even)."""
     sums: list[tuple[list[int], int]] = []
     for moves, times in parts:
         total, den = _sent(moves, num_devices)

@@ -96,23 +96,15 @@ class WeightBytes:
         narrow = dtype in (DType.BFLOAT16, DType.FLOAT16)
         return WeightBytes(dtype.itemsize if narrow else 4, 4, 4 if narrow else 0, 4 * optimizer_states)
 
-    @property
-    def total(self) -> int:
-        return self.weight + self.grad + self.master + self.states
-
-    def sharded(self, zero: int) -> int:
-        """The bytes per parameter that ZeRO stage ``zero`` divides among the replicas."""
-        return self.master + self.states if zero >= 1 else 0
-
-    def per_device(self, numel: int, replicas: int, zero: int) -> int:
-        """The bytes a device holds for ``numel`` parameters that ``replicas`` devices keep
-        alike (the rest of the sharded part lives on the other replicas)."""
-        kept = self.total - self.sharded(zero)
-        return numel * kept + shard_elements(numel * self.sharded(zero), replicas)
-
     def breakdown(self, numel: int, replicas: int, zero: int) -> dict[str, int]:
-        """:meth:`per_device` by part: weights, gradients, optimizer (master and states)."""
+        """The bytes a device holds for ``numel`` parameters that ``replicas`` devices keep
+        alike, by part: weights, gradients, optimizer (master and states: from ZeRO-1 on,
+        only this replica's shard of them)."""
         opt = (self.master + self.states) * numel
         if zero >= 1:
             opt = shard_elements(opt, replicas)
         return {"weights": self.weight * numel, "gradients": self.grad * numel, "optimizer": opt}
+
+    def per_device(self, numel: int, replicas: int, zero: int) -> int:
+        """:meth:`breakdown`'s parts added up."""
+        return sum(self.breakdown(numel, replicas, zero).values())

@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import numpy as np
 
@@ -582,16 +582,21 @@ def planned_calls(p: Program, me: int, size: int, training: Training = Training(
     what :class:`Executor` and :class:`~.weights.ParamStore` post, from the same plans:
     each micro-batch's, then the sync's (``ir/buckets.sync_calls``)."""
     calls = _micro_batch_calls(p, me, size) * training.micro_batches
-    # ParamStore's gradient sync: per flat bucket (ir/buckets.py) this rank is in, an all-reduce,
-    # or under ZeRO a reduce-scatter, and after the update an all-gather
-    mine = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0) if me in b.group]
-    for phase in (0, 1):
-        for b in mine:
-            for c in sync_calls(b, training.zero)[phase:phase + 1]:
-                whole = Buf(c.nbytes * len(c.group))   # a padded flat buffer: the shards of all members
-                calls.append((c.kind.value, {SyncCallKind.ALL_REDUCE: (c.group, Buf(c.nbytes)),
-                                             SyncCallKind.REDUCE_SCATTER: (c.group, whole, Buf(c.nbytes)),
-                                             SyncCallKind.ALL_GATHER: (c.group, Buf(c.nbytes), whole)}[c.kind]))
+    # ParamStore's gradient sync, per flat bucket (ir/buckets.py) this rank is in: its first
+    # call (an all-reduce, or under ZeRO a reduce-scatter) in the sync, then after the update
+    # the rest (ZeRO's all-gathers)
+    mine = [sync_calls(b, training.zero) for b in sync_buckets(p.pcg, weight_syncs(p), 0) if me in b.group]
+    for c in [cs[0] for cs in mine] + [c for cs in mine for c in cs[1:]]:
+        piece, whole = Buf(c.nbytes), Buf(c.nbytes * len(c.group))   # whole: the padded flat buffer
+        match c.kind:
+            case SyncCallKind.ALL_REDUCE:
+                calls.append(("allreduce", (c.group, piece)))
+            case SyncCallKind.REDUCE_SCATTER:
+                calls.append(("reduce_scatter", (c.group, whole, piece)))
+            case SyncCallKind.ALL_GATHER:
+                calls.append(("allgather", (c.group, piece, whole)))
+            case _:
+                assert_never(c.kind)
     return calls
 
 

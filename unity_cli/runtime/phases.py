@@ -293,7 +293,7 @@ def predicted_phases_ms(report: Any, devices: int) -> dict[str, float]:
                 key = "fwd_comm" if e.comm else "loss"
             case _:
                 key = "optimizer"
-        busy[key] += (e.end - e.start) * len(e.devices) * getattr(e, "times", 1)   # (micro-batches it stands for)
+        busy[key] += (e.end - e.start) * len(e.devices) * e.times   # (the micro-batches it stands for)
     return {p: busy[p] / max(1, devices) * 1e3 for p in PHASES if p not in ("waiting", "other")}
 
 

@@ -136,9 +136,10 @@ class RunReport:
             n, size = self.sync["all_reduces"], self.sync.get("bucket_bytes", 0)
             how = (f"in buckets of at least {format_bytes(size)}, each started during backward" if size
                    else "after backward, one flat buffer per group")
-            what = "reduce-scatter (and all-gather after the update, ZeRO-1)" if self.sync.get("zero") else "all-reduce"
-            lines.append(f"sync     {n} gradient {what}{'s' * (n != 1 and not self.sync.get('zero'))} per step on "
-                         f"rank 0, {how}")
+            zero = self.sync.get("zero")
+            what = "reduce-scatter" if zero else "all-reduce"
+            then = ", each with an all-gather of the updated shards after the update (ZeRO-1)" if zero else ""
+            lines.append(f"sync     {n} gradient {what}{'s' * (n != 1)} per step on rank 0, {how}{then}")
         micro = self.sync.get("micro_batches", 1)
         if micro > 1:
             lines.append(f"step     {micro} micro-batches per step, gradients accumulated before the sync")

@@ -72,7 +72,7 @@ class ParamStore:
         self._by_node = {p.node: p for p in self.plans}
         self.buckets: list[tuple[SyncBucket, Any]] = []
         self.slots: dict[str, Any] = {}   # a synced weight's slice of its bucket's buffer
-        self.shards: list[tuple[Any, Any]] = []   # ZeRO, beside each bucket: (flat masters, summed gradient shard)
+        self.shards: dict[int, tuple[Any, Any]] = {}   # ZeRO: bucket index -> (flat masters, summed gradient shard)
         buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes)
         if bucket_bytes:
             comm.setup_sync_groups(sorted({b.group for b in buckets}))
@@ -93,11 +93,10 @@ class ParamStore:
                     masters[at:at + m.size] = m.reshape(-1)
                     self.master[p.name] = masters[at:at + m.size].reshape(m.shape)
                 at += m.size
-            self.buckets.append((b, flat))
             if masters is not None:
-                self.shards.append((masters, xp.empty(b.shard(), dtype=dtype)))
-        self._sharded = {p.name for b, _ in self.buckets for p in (self._by_node[w] for w in b.weights)} \
-            if zero else set()
+                self.shards[len(self.buckets)] = (masters, xp.empty(b.shard(), dtype=dtype))
+            self.buckets.append((b, flat))
+        self._sharded = set(self.slots) if zero else set()   # updated by their bucket's shard
         self._filled: set[str] = set()    # weights whose gradient this step's buffers already hold
         self._gathered = False            # --check under ZeRO: the summed gradients all-gathered
         self._issued = 0                  # buckets whose all-reduce has started this step
@@ -138,12 +137,12 @@ class ParamStore:
             if p.name not in self._sharded:
                 self.optimizer.update(p.name, self.master[p.name], synced[p.name])
         me = self.comm.rank
-        for k, ((b, _), (masters, shard)) in enumerate(zip(self.buckets if self.zero else (), self.shards,
-                                                           strict=True)):
-            at = b.group.index(me) * shard.size
+        for k, (masters, shard) in self.shards.items():
+            group = self.buckets[k][0].group
+            at = group.index(me) * shard.size
             mine = masters[at:at + shard.size]
             self.optimizer.update(f"zero:{k}", mine, shard)
-            self.comm.allgather(b.group, self.xp.ascontiguousarray(mine.copy()), masters)
+            self.comm.allgather(group, mine.copy(), masters)   # (a copy: MPI sends from outside the result)
 
     def backward_passed(self, next_node: int, grads: Mapping[TensorRef, Any]) -> None:
         """Backward has run every step of a node above ``next_node``: start the all-reduce
@@ -174,8 +173,7 @@ class ParamStore:
             for k, (b, flat) in enumerate(self.buckets):
                 for w in b.weights:
                     self._fill(self._by_node[w], grads)
-                call = sync_calls(b, self.zero)[0]
-                if call.kind is SyncCallKind.ALL_REDUCE:
+                if sync_calls(b, self.zero)[0].kind is SyncCallKind.ALL_REDUCE:
                     self.comm.allreduce(b.group, flat)
                 else:
                     self.comm.reduce_scatter(b.group, flat, self.shards[k][1])
@@ -189,7 +187,6 @@ class ParamStore:
         added to what earlier micro-batches of the step left there (``own``: later ones
         will add to it, so a piece is never taken as it is)."""
         me = self.comm.rank
-        m = self.master[p.name]
         parts = [(region, grads[TensorRef(node)], scale * self.fault_scale)
                  for node, region, scale in p.pieces[me] if TensorRef(node) in grads]
         if p.name in self._filled:
@@ -198,6 +195,7 @@ class ParamStore:
                 out[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
             return
         self._filled.add(p.name)
+        m = self.master[p.name]
         out = self.slots.get(p.name)
         if len(parts) == 1 and parts[0][1].shape == m.shape and parts[0][1].dtype == m.dtype:
             # One piece covering the master (data parallelism): taken as it is, or copied
@@ -234,7 +232,8 @@ class ParamStore:
         all-gathered first (``--check`` only, after the step)."""
         me = self.comm.rank
         if what == "grads" and self.shards and not self._gathered:
-            for (b, flat), (_, shard) in zip(self.buckets, self.shards, strict=True):
+            for k, (_, shard) in self.shards.items():
+                b, flat = self.buckets[k]
                 self.comm.allgather(b.group, shard, flat)
             self._gathered = True
         source = self.master if what == "weights" else self.synced

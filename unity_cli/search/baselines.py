@@ -68,6 +68,7 @@ class Baseline:
     devices: int
     description: str
     replicated: tuple[str, ...] = ()   # weighted ops a tensor-parallel policy left whole in their group
+    degrees: tuple[int, int] | None = None   # a uniform hybrid's (tp, dp)
 
 
 def largest_divisor_at_most(n: int, cap: int) -> int:
@@ -100,17 +101,30 @@ def tensor_parallel(pcg: PCG, cluster: ClusterSpec) -> Baseline:
                     replicated)
 
 
-def hybrid(pcg: PCG, tp: int, dp: int) -> Baseline:
-    """The uniform ``tp=T,dp=D`` hybrid on ``T*D`` devices (see the module docstring); the
-    default views put each tensor-parallel group on ``T`` consecutive devices."""
+def hybrid(pcg: PCG, tp: int, dp: int, training: Training = Training()) -> Baseline:
+    """The uniform ``tp=T,dp=D`` hybrid on ``T*D`` devices (see the module docstring), named
+    with the step's shape it is priced under (``strategy_name``); the default views put each
+    tensor-parallel group on ``T`` consecutive devices."""
     if tp < 1 or dp < 1:
         raise ShapeError(f"tp={tp},dp={dp}: degrees must be positive")
     g, replicated, note = _megatron(pcg, tp, dp)
-    name = hybrid_name(tp, dp)
-    across = f", data parallel {dp} ways across them" if dp > 1 else ", one group"
-    what = f"data parallel {dp} ways" if tp == 1 else \
-        f"tensor parallel {tp} ways in groups of {tp} consecutive devices{across}"
-    return Baseline(name, g, tp * dp, f"{name}: {what}{note}", replicated)
+    name = strategy_name(tp, dp, training)
+    step = f", {training.describe()}" if not training.default else ""
+    return Baseline(name, g, tp * dp, f"{name}: {hybrid_layout(tp, dp)}{note}{step}", replicated, (tp, dp))
+
+
+def hybrid_layout(tp: int, dp: int, transposed: bool = False) -> str:
+    """How a ``tp=T,dp=D`` hybrid lies on the devices, in words: each tensor-parallel group on
+    consecutive devices, or (``transposed``) on devices ``D`` apart with the replicas
+    consecutive (``views.transposed_views``)."""
+    if tp == 1:
+        return f"data parallel {dp} ways"
+    if dp == 1:
+        return f"tensor parallel {tp} ways in groups of {tp} consecutive devices, one group"
+    if transposed:
+        return (f"tensor parallel {tp} ways in groups of devices {dp} apart (across nodes), data parallel {dp} "
+                "ways on consecutive devices")
+    return f"tensor parallel {tp} ways in groups of {tp} consecutive devices, data parallel {dp} ways across them"
 
 
 def hybrid_name(tp: int, dp: int) -> str:
@@ -152,7 +166,7 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
         key, value = key.strip().lower(), value.strip()
         if key == "recompute" and sep:
             raise UsageError(f"--strategy {strategy[:200]!r}: recompute= is not built yet (activations are kept)")
-        if not sep or key not in STRATEGY_KEYS or key in values or not _whole(value):
+        if not sep or key not in STRATEGY_KEYS or key in values or not whole_number(value):
             raise UsageError(usage)
         values[key] = int(value)
     if not {"tp", "dp"} <= set(values) or values["tp"] < 1 or values["dp"] < 1:
@@ -170,7 +184,7 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
     return tp, dp, Training(zero, mb)
 
 
-def _whole(text: str) -> bool:
+def whole_number(text: str) -> bool:
     """Whether ``text`` is a whole number a person would write (ASCII digits, not '²')."""
     return 0 < len(text) <= 9 and text.isascii() and text.isdigit()
 

@@ -38,10 +38,10 @@ from .baselines import (
     batch_size,
     hybrid,
     hybrid_degrees,
+    hybrid_layout,
     hybrid_name,
     is_hybrid,
     parse_hybrid,
-    strategy_name,
 )
 from .joint import (
     Found,
@@ -203,14 +203,13 @@ def price_hybrid(baseline: Baseline, cluster: ClusterSpec, config: CostConfig, m
     if not mapped:
         return Candidate(baseline, *priced)
     best = evaluate(baseline, cluster, config, None, cache, priced) if dp_mapped else Candidate(baseline, *priced)
-    tp, dp = (int(part[3:]) for part in baseline.name.split(",")[:2])
+    tp, dp = baseline.degrees or (0, 0)
     across = transposed_views(baseline.pcg, views, tp, dp) if tp > 1 and dp > 1 else None
     if across is not None:     # the replicas inside the nodes, each tensor-parallel group across them
         report = estimate(baseline.pcg, across, cluster, config)
         if _better(report, best.report):
-            said = f"in groups of {tp} consecutive devices, data parallel {dp} ways across them"
-            now = f"in groups of devices {dp} apart (across nodes), data parallel {dp} ways on consecutive devices"
-            best = Candidate(replace(baseline, description=baseline.description.replace(said, now)), across, report)
+            said = baseline.description.replace(hybrid_layout(tp, dp), hybrid_layout(tp, dp, transposed=True))
+            best = Candidate(replace(baseline, description=said), across, report)
     return replace(best, baseline=replace(best.baseline, name=baseline.name))
 
 
@@ -579,11 +578,7 @@ def _named_hybrid(strategy: str, pcg: PCG, cluster: ClusterSpec, training: Train
         what = f"the micro-batch {batch}" if training.micro_batches > 1 else f"the batch {batch}"
         raise UsageError(f"--strategy {strategy[:200]}: dp={dp} does not divide {what}; on {n} devices "
                          f"these do: {fits}")
-    b = hybrid(pcg, tp, dp)
-    if training.default:
-        return b
-    name = strategy_name(tp, dp, training)
-    return replace(b, name=name, description=f"{name}: {b.description.split(': ', 1)[1]}, {training.describe()}")
+    return hybrid(pcg, tp, dp, training)
 
 
 def _fastest(candidates: dict[str, Candidate]) -> str:
