@@ -163,10 +163,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
 
 
-def _training(strategy: str, zero: str, micro_batches: str, devices: int) -> tuple[int | None, int | None]:
-    """The ZeRO stage and micro-batches the options fix (``ir/training.py``; None where the
-    search chooses): ``--strategy tp=..,dp=..`` names both (its zero= and mb=, else the
-    defaults); ``--zero`` and ``--micro-batches`` fix each on its own."""
+def _training(strategy: str, zero: str, micro_batches: str, recompute: str, devices: int
+              ) -> tuple[int | None, int | None, Any]:
+    """The ZeRO stage, micro-batches and recomputation the options fix (``ir/training.py``;
+    None where the search chooses): ``--strategy tp=..,dp=..`` names all three (its zero=,
+    mb= and recompute=, else the defaults); ``--zero``, ``--micro-batches`` and
+    ``--recompute`` fix each on its own."""
+    from .ir.recompute import Recompute
     from .search.baselines import is_hybrid, parse_strategy, whole_number
 
     k = None
@@ -176,10 +179,11 @@ def _training(strategy: str, zero: str, micro_batches: str, devices: int) -> tup
         k = int(micro_batches)
     if is_hybrid(strategy):
         _, _, named = parse_strategy(strategy, devices)
-        if zero != "auto" or k is not None:
-            raise UsageError(f"--strategy {strategy[:200]}: give zero= and mb= in it, not --zero or --micro-batches")
-        return named.zero, named.micro_batches
-    return (None if zero == "auto" else int(zero)), k
+        if zero != "auto" or k is not None or recompute != "auto":
+            raise UsageError(f"--strategy {strategy[:200]}: give zero=, mb= and recompute= in it, not --zero, "
+                             "--micro-batches or --recompute")
+        return named.zero, named.micro_batches, named.recompute
+    return (None if zero == "auto" else int(zero)), k, (None if recompute == "auto" else Recompute(recompute))
 
 
 def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -210,16 +214,21 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--strategy", default="best", show_default=True,
               help="best (the joint search, keeping the fastest plan found) | unity | parallel_only | "
                    "algebraic_then_parallel | data_parallel | tensor_parallel | hybrid (the fastest uniform "
-                   "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,mb=K] (tensor parallel T ways on consecutive devices, "
-                   "data parallel D ways across the groups, T*D = the cluster's device count; ZeRO stage Z, K "
-                   "micro-batches per step)")
-@click.option("--zero", type=click.Choice(["auto", "0", "1"]), default="auto", show_default=True,
-              help="ZeRO stage of the data-parallel replicas' optimizer state: 0 (every replica keeps it) | 1 "
-                   "(sharded: gradients reduce-scattered, weights all-gathered after the update) | auto (the "
-                   "searches try 1 where it prices faster or where nothing fits without it).")
+                   "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,mb=K][,recompute=R] (tensor parallel T ways on "
+                   "consecutive devices, data parallel D ways across the groups, T*D = the cluster's device "
+                   "count; ZeRO stage Z, K micro-batches per step, recomputation none or full)")
+@click.option("--zero", type=click.Choice(["auto", "0", "1", "2"]), default="auto", show_default=True,
+              help="ZeRO stage of the data-parallel replicas: 0 (every replica keeps everything) | 1 (optimizer "
+                   "state sharded: gradients reduce-scattered, weights all-gathered after the update) | 2 (the "
+                   "gradients sharded too: reduce-scattered after every micro-batch) | auto (the searches try 1 "
+                   "where it prices faster, and each stage where nothing fits without).")
 @click.option("--micro-batches", "micro_batches", default="auto", show_default=True, metavar="auto|K",
               help="Micro-batches per optimizer step (gradient accumulation; --batch-size stays the global "
                    "batch): K | auto (1, more only where no plan fits in memory).")
+@click.option("--recompute", type=click.Choice(["auto", "none", "full"]), default="auto", show_default=True,
+              help="Activation recomputation: none (keep every activation for backward) | full (keep each "
+                   "segment's input, e.g. a transformer's residual stream, and run the segment's forward again "
+                   "in backward) | auto (full only where no plan fits without it).")
 @click.option("--budget", type=float, metavar="SECONDS",
               help="A ceiling on the seconds the whole run may take (default: none); the best plan so far "
                    "is kept, and the plan records \"cut_by_budget\" when it cut the search.")
@@ -251,7 +260,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
              memory_limit: str | None, alpha: float, out_path: str,
              rules_path: str | None, profile_path: str | None, no_profile: bool, as_json: bool,
              report_path: str | None = None, sync_bucket: str = "auto", zero: str = "auto",
-             micro_batches: str = "auto") -> None:
+             micro_batches: str = "auto", recompute: str = "auto") -> None:
     """Plan how to train MODEL (an ONNX file) on a cluster; write the plan."""
     started = time.monotonic()     # --budget counts from here: loading and importing are part of the run
     from .cluster import cluster_path as find_cluster
@@ -278,7 +287,8 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     if report_path:
         check_output("--report", report_path, {**reads, "plan (--out)": out_path})
     cluster = load_cluster(cluster_path) if spec else local_cluster()   # (SPEC:N sizes a spec)
-    fixed_zero, fixed_micro = _training(strategy, zero, micro_batches, cluster.num_devices)
+    fixed_zero, fixed_micro, fixed_recompute = _training(strategy, zero, micro_batches, recompute,
+                                                         cluster.num_devices)
     if bucket:      # buckets asked for: ZeRO's sync runs flat, so none
         if fixed_zero:
             raise UsageError("--sync-bucket: ZeRO's sync runs flat after backward; give --zero 0 to bucket it")
@@ -309,8 +319,8 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
 
     try:
         result, k = optimize_step(graph_for, imported.batch_size, cluster, config, strategy, fixed_zero,
-                                  fixed_micro, rules=rules.rules, budget=budget, alpha=alpha, progress=report,
-                                  max_candidates=max_candidates, started=started)
+                                  fixed_micro, fixed_recompute, rules=rules.rules, budget=budget, alpha=alpha,
+                                  progress=report, max_candidates=max_candidates, started=started)
     finally:
         progress.close()
     imported = micro[k]

@@ -228,6 +228,27 @@ def test_zero_shards_the_optimizer_over_the_replicas(tiny_mlp, dgx8, dtype, kept
         Fraction(2 * (devices - 1) * PARAMS * 4, devices))
 
 
+@pytest.mark.parametrize("dtype,grad,sharded", [(DType.FLOAT32, 4, 8), (DType.BFLOAT16, 4, 12)])
+@pytest.mark.parametrize("devices", [2, 3, 4])
+@pytest.mark.parametrize("micro", [1, 3])
+def test_zero2_shards_the_gradients_and_reduce_scatters_each_micro_batch(tiny_mlp, dgx8, dtype, grad, sharded,
+                                                                         devices, micro):
+    """ZeRO-2 against ZeRO-1: each replica keeps 1/d of the gradient as well (float32 4 + 12/d,
+    mixed 2 + 16/d per parameter), and sends one more reduce-scatter of the padded flat
+    buffer per micro-batch after the first."""
+    pcg = import_model(tiny_mlp, ImportOptions(12)).pcg
+    one = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(1, micro))).report
+    two = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(2, micro))).report
+    per_weight = [16 * 32, 32 * 8]
+    saved = sum(w * grad - -(-w * grad // devices) for w in per_weight)
+    assert [a - b for a, b in zip(one.memory, two.memory)] == [saved] * devices
+    shard = -(-PARAMS // devices)
+    assert [b - a for a, b in zip(one.comm_bytes, two.comm_bytes)] == [(micro - 1) * (devices - 1) * shard * 4] * \
+        devices
+    assert two.step_time >= one.step_time
+    assert two.training == Training(2, micro)
+
+
 def test_tensor_parallel_memory_by_hand(tiny_mlp, dgx8):
     batch = 4
     pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg

@@ -36,7 +36,10 @@ CASES = [("bert_tiny", "tp=1,dp=2,zero=1", 2, 4),
          ("bert_tiny", "tp=2,dp=2,zero=1,mb=2", 4, 8),
          ("convnet_tiny", "tp=1,dp=3,zero=1,mb=2", 3, 12),
          ("bert_tiny", "tp=1,dp=4,mb=4", 4, 16),
-         ("convnet_tiny", "tp=3,dp=1,zero=1", 3, 6)]
+         ("convnet_tiny", "tp=3,dp=1,zero=1", 3, 6),
+         ("bert_tiny", "tp=1,dp=3,zero=2,mb=2", 3, 6),
+         ("bert_tiny", "tp=2,dp=2,zero=2,mb=3", 4, 12),
+         ("convnet_tiny", "tp=1,dp=2,zero=2", 2, 4)]
 
 
 @pytest.mark.parametrize("model,strategy,ranks,batch", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -45,7 +48,8 @@ def test_trains_like_one_process_and_sends_what_it_predicts(plans, tmp_path, mod
     optimize(plans.model(model), cpu_spec(tmp_path, ranks), plan, batch, "--strategy", strategy)
     loaded = load_plan(plan)
     mb = int(strategy.split("mb=")[1]) if "mb=" in strategy else 1
-    assert loaded.training == Training(1 if "zero=1" in strategy else 0, mb)
+    zero = int(strategy.split("zero=")[1][0]) if "zero=" in strategy else 0
+    assert loaded.training == Training(zero, mb)
     first = next(iter(loaded.model["inputs"].values()))
     assert first["dims"][0] == batch // mb                       # the graph is one micro-batch's
     doc = run_json(plan, "--steps", "2", "--check", "--optimizer", "sgd", ranks=ranks)
@@ -92,10 +96,11 @@ def test_micro_batches_train_as_one_batch(tmp_path):
     assert runs["micro"][0]["comm_bytes"]["measured"] == runs["micro"][0]["comm_bytes"]["predicted"]
 
 
-def test_a_wrong_gradient_share_is_caught_under_zero(plans, tmp_path):
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_wrong_gradient_share_is_caught_under_zero(plans, tmp_path, zero):
     """One rank's gradient 1 % off before the reduce-scatter: --check fails and names a weight."""
     plan = tmp_path / "plan.json"
-    optimize(plans.model("bert_tiny"), cpu_spec(tmp_path, 2), plan, 4, "--strategy", "tp=1,dp=2,zero=1,mb=2")
+    optimize(plans.model("bert_tiny"), cpu_spec(tmp_path, 2), plan, 4, "--strategy", f"tp=1,dp=2,zero={zero},mb=2")
     r = unity_run(plan, "--steps", "1", "--check", env={"UNITY_FAULT_GRAD_RANK": "1"})
     assert r.returncode != 0 and "gradient of weight" in r.stderr, r.stderr
 
@@ -132,10 +137,10 @@ def test_the_search_takes_micro_batches_where_nothing_fits_without(tmp_path):
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and not (tmp_path / "no.json").exists()
 
 
-@pytest.mark.parametrize("text,needle", [("tp=1,dp=2,zero=3", "ZeRO stages built are 0, 1"),
+@pytest.mark.parametrize("text,needle", [("tp=1,dp=2,zero=3", "ZeRO stages built are 0, 1, 2"),
                                          ("tp=1,dp=2,mb=0", "at least 1"),
                                          ("tp=1,dp=2,mb=²", "expected tp=T,dp=D"),
-                                         ("tp=1,dp=2,recompute=full", "recompute= is not built yet"),
+                                         ("tp=1,dp=2,recompute=sometimes", "recompute=sometimes: expected one of"),
                                          ("tp=1,dp=2,mb=3", "do not divide the batch 4")])
 def test_bad_training_options_are_one_line(tmp_path, text, needle):
     model = mlp_model(tmp_path / "mlp.onnx")

@@ -17,6 +17,7 @@ from unity_cli.errors import ShapeError
 from unity_cli.ir.ops.gather_reduce import GatherAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.parallel import ReductionAttrs
+from unity_cli.ir.recompute import Recompute
 from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model_proto
 from unity_cli.search.solver import brute_force, build_problem, factorizations, realize, solve, solve_problem
@@ -88,15 +89,16 @@ SMALL = [
 CLUSTERS = [(1, 2), (1, 4), (1, 6), (2, 3), (3, 2), (2, 2)]
 
 
-STEPS = [Training(), Training(1, 3)]
+STEPS = [Training(), Training(1, 3), Training(2, 3, Recompute.FULL)]
 
 
 @pytest.mark.parametrize("name,make", SMALL, ids=[s[0] for s in SMALL])
 @pytest.mark.parametrize("shape", CLUSTERS, ids=[f"{a}x{b}" for a, b in CLUSTERS])
-@pytest.mark.parametrize("step", STEPS, ids=["plain", "zero1-mb3"])
+@pytest.mark.parametrize("step", STEPS, ids=["plain", "zero1-mb3", "zero2-mb3-recompute"])
 def test_solver_equals_brute_force(name, make, shape, step):
     """With the step's options too (ZeRO-1 shrinks a replicated weight's optimizer state and
-    update; micro-batches multiply compute and resharding, not the sync)."""
+    update; micro-batches multiply compute and resharding, not the sync, but ZeRO-2's
+    reduce-scatter; recomputation pays a second forward and keeps less)."""
     pcg = make()
     c = cluster(*shape)
     for mesh in factorizations(c.num_devices):

@@ -26,7 +26,7 @@ from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes
 from ..deadline import check
 from ..errors import ShapeError
-from ..ir.buckets import AFTER_BACKWARD, SyncBucket, SyncCallKind, WeightSync, sync_buckets, sync_calls
+from ..ir.buckets import AFTER_BACKWARD, SyncBucket, SyncCallKind, SyncWhen, WeightSync, sync_buckets, sync_calls
 from ..ir.dtypes import DType
 from ..ir.machine_view import MachineView
 from ..ir.ops.shape_ops import ReshapeAttrs
@@ -35,7 +35,8 @@ from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
-from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
+from ..ir.recompute import recomputed
+from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, needs_grad, stored_layout
 from ..ir.shapes import ParallelTensorShape
 from ..ir.training import Training, WeightBytes
 from .compute import piece_shapes, roofline
@@ -147,6 +148,11 @@ class CostContext:
     fused: dict[int, int]
     structure: Structure
     cache: dict = field(default_factory=dict, repr=False, compare=False)   # shared by equal (cluster, config)
+
+    @functools.cached_property
+    def recomputed(self) -> tuple[tuple[int, ...], ...]:
+        """The nodes backward recomputes, per segment (``ir/recompute.py``)."""
+        return recomputed(self.pcg, self.layout, self.structure.grads, self.config.training.recompute)
 
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
@@ -286,15 +292,24 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         if i % 256 == 0:
             check()    # under optimize --budget: a graph of 20,000 nodes takes seconds to price
         priced.append(node_cost_and_moves(ctx, i, views))
-    costs = [c for c, _ in priced]
     train = config.training
+    again = {i for seg in ctx.recomputed for i in seg}
+    # A recomputed node's forward (its compute and its moves) runs again in backward
+    # (ir/recompute.py): priced in its backward.
+    costs = [replace(c, compute_bwd=c.compute_bwd + c.compute_fwd, comm_bwd=c.comm_bwd + c.comm_fwd)
+             if i in again else c for i, (c, _) in enumerate(priced)]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
     flat = sync_buckets(pcg, weights, 0)
-    # Bytes: each micro-batch's moves, and the sync's calls once per step (ir/buckets.sync_calls,
-    # which the runtime makes): per weight and per bucket the same for an all-reduce, but
-    # ZeRO's shards are padded per bucket.
+    # Bytes: each micro-batch's moves (a recomputed node's forward ones twice), and the sync's
+    # calls once per step (ir/buckets.sync_calls, which the runtime makes): per weight and per
+    # bucket the same for an all-reduce, but ZeRO's shards are padded per bucket.
     sent = sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != Phase.SYNC), train.micro_batches),
-                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)), 1)],
+                               ((m for i in sorted(again) for m in priced[i][1] if m.phase == Phase.FWD),
+                                train.micro_batches),
+                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
+                                 if c.when is not SyncWhen.MICRO_BATCH), 1),
+                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
+                                 if c.when is SyncWhen.MICRO_BATCH), train.micro_batches)],
                               cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
@@ -304,6 +319,9 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     before = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss)) \
         if train.micro_batches > 1 else []
     span = max((e.end for e in before), default=0.0)
+    if before and train.zero >= 2:      # ZeRO-2: each ends with its reduce-scatters
+        before += _at_once_events(ctx, flat, span, SyncWhen.MICRO_BATCH)
+        span = max(e.end for e in before)
     best, tried = None, set()
     for bucket in sync_bucket_choices(cluster, config):
         syncs = _flat_syncs(ctx, flat) if bucket == 0 else _bucket_syncs(ctx, weights, bucket)
@@ -360,6 +378,19 @@ def _shifted(e: Event, by: float) -> Event:
     return e if by == 0 else replace(e, start=e.start + by, end=e.end + by)
 
 
+def _at_once_events(ctx: CostContext, flat: Sequence[SyncBucket], start: float, when: SyncWhen) -> list[Event]:
+    """The flat sync's calls that run ``when``, from ``start`` on, each class once the last
+    one on its devices is through."""
+    free = np.full(ctx.cluster.num_devices, start)
+    events = []
+    for devices, seconds in _at_once(ctx, flat, when):
+        ds = device_array(devices)
+        s = float(free[ds].max())
+        free[ds] = s + seconds
+        events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, devices, s, s + seconds))
+    return events
+
+
 def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray) -> tuple[np.ndarray, list[Event]]:
     """When each device is through with the step, given when its update ends (``done``):
     under ZeRO, each bucket's all-gather of the updated shards starts once its members have
@@ -368,7 +399,7 @@ def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray
     events: list[Event] = []
     if not ctx.config.training.zero:
         return finish, events        # an all-reduce leaves nothing for after the update
-    for devices, seconds in _at_once(ctx, flat, after_update=True):
+    for devices, seconds in _at_once(ctx, flat, SyncWhen.AFTER_UPDATE):
         ds = device_array(devices)
         start = float(finish[ds].max())
         finish[ds] = start + seconds
@@ -376,16 +407,17 @@ def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray
     return finish, events
 
 
-def _at_once(ctx: CostContext, flat: Sequence[SyncBucket], after_update: bool) -> list[tuple[tuple[int, ...], float]]:
-    """The flat sync's calls (``ir/buckets.sync_calls``: before the update, or with
-    ``after_update`` a ZeRO all-gather after it) that run at once, as (devices, seconds): the
-    calls of groups of one size and buffer size, sharing a node's network interface as
-    :func:`~unity_cli.cost.moves.phase_seconds` prices them."""
+def _at_once(ctx: CostContext, flat: Sequence[SyncBucket], when: SyncWhen) -> list[tuple[tuple[int, ...], float]]:
+    """The flat sync's calls (``ir/buckets.sync_calls``) that run ``when`` (``SYNC``: also
+    the last micro-batch's of ``MICRO_BATCH``), grouped into those that run at once, as
+    (devices, seconds): the calls of groups of one size and buffer size, sharing a node's
+    network interface as :func:`~unity_cli.cost.moves.phase_seconds` prices them."""
+    wanted = {when} | ({SyncWhen.MICRO_BATCH} if when is SyncWhen.SYNC else set())
     classes: dict[tuple[int, int], list[Move]] = {}
     for b in sorted(flat, key=lambda b: (b.group, b.dtype)):
-        calls = sync_calls(b, ctx.config.training.zero)
-        for c in calls[1:] if after_update else calls[:1]:
-            classes.setdefault((len(c.group), c.nbytes), []).append(_call_move(c))
+        for c in sync_calls(b, ctx.config.training.zero):
+            if c.when in wanted:
+                classes.setdefault((len(c.group), c.nbytes), []).append(_call_move(c))
     return [(tuple(sorted({d for m in ms for d in m.group})),
              phase_seconds(ms, ctx.cluster, ctx.config.profile)[Phase.SYNC]) for ms in classes.values()]
 
@@ -453,7 +485,7 @@ def _flat_syncs(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[SyncClass]
     (under ZeRO, a reduce-scatter) per group of devices and dtype, over one flat buffer of
     every weight region the group keeps (``flat``: the buckets of ``ir/buckets.py``), not one
     per weight; groups of the same size and buffer at once (:func:`_at_once`)."""
-    return [SyncClass(AFTER_BACKWARD, devices, seconds) for devices, seconds in _at_once(ctx, flat, False)]
+    return [SyncClass(AFTER_BACKWARD, devices, seconds) for devices, seconds in _at_once(ctx, flat, SyncWhen.SYNC)]
 
 
 def weight_syncs(st: Structure, moves: Sequence[Sequence[Move]]) -> list[WeightSync]:
@@ -599,7 +631,7 @@ def _stored(pcg: PCG, layout: Sequence[int | None]) -> list[bool]:
             for i, n in pcg]
 
 
-MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "inputs and constants")
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "recompute workspace", "inputs and constants")
 """What :func:`memory_account` counts a device's bytes under."""
 
 
@@ -609,10 +641,19 @@ def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[i
     stored pieces with their gradients and optimizer state (``ir/training.py``:
     :class:`~unity_cli.ir.training.WeightBytes`, the optimizer part sharded over the
     replicas under ZeRO), constants and inputs, and every activation one micro-batch keeps
-    for the backward pass (with what a kernel keeps beyond its outputs)."""
+    for the backward pass (with what a kernel keeps beyond its outputs).
+
+    Under recomputation (``ir/recompute.py``) a recomputed node keeps nothing through
+    forward but the outputs that something else keeps: a reader that is not recomputed
+    with it (its context), or a later segment (its input, kept for its recompute). While
+    backward recomputes a segment, its nodes' outputs and contexts are alive again: the
+    largest segment's is the workspace."""
     acc = {part: np.zeros(num_devices, dtype=np.int64) for part in MEMORY_PARTS}
     stored = _stored(pcg, layout)
     per_param, zero = config.weight_bytes, config.training.zero
+    grads = needs_grad(pcg, pcg.outputs[0])
+    segment = {i: s for s, seg in enumerate(recomputed(pcg, layout, grads, config.training.recompute)) for i in seg}
+    workspace = np.zeros((max(segment.values(), default=-1) + 1, num_devices), dtype=np.int64)
     for i, n in pcg:
         if not stored[i]:
             continue
@@ -623,11 +664,21 @@ def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[i
             for part, nbytes in per_param.breakdown(shape.piece.numel, shape.copy_degree, zero).items():
                 np.add.at(acc[part], at, nbytes)
             continue
-        per = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
+        out = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
                                    not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
                                    else o.dtype.itemsize) for o in n.outputs)
-        per += n.spec.kept_elements(n.op, [o.piece for o in n.outputs]) * config.dtype.itemsize
-        np.add.at(acc["inputs and constants" if src is not None else "activations"], at, per)
+        kept = n.spec.kept_elements(n.op, [o.piece for o in n.outputs]) * config.dtype.itemsize
+        s = segment.get(i)
+        if s is None:
+            np.add.at(acc["inputs and constants" if src is not None else "activations"], at, out + kept)
+            continue
+        if any(segment.get(u) != s for u, _ in pcg.consumers[i]):
+            np.add.at(acc["activations"], at, out)
+            np.add.at(workspace[s], at, kept)
+        else:
+            np.add.at(workspace[s], at, out + kept)
+    if len(workspace):
+        acc["recompute workspace"] += workspace.max(axis=0)
     return acc
 
 

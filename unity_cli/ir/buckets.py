@@ -62,30 +62,41 @@ class SyncBucket:
 
 class SyncCallKind(Enum):
     ALL_REDUCE = "allreduce"            # the summed gradient on every member
-    REDUCE_SCATTER = "reduce_scatter"   # ZeRO: each member's summed shard, in the sync
+    REDUCE_SCATTER = "reduce_scatter"   # ZeRO: each member's summed shard
     ALL_GATHER = "allgather"            # ZeRO: the updated shards to every member, after the update
+
+
+class SyncWhen(Enum):
+    """When in a step a sync call runs."""
+
+    MICRO_BATCH = "micro_batch"    # at the end of every micro-batch's backward (ZeRO-2)
+    SYNC = "sync"                  # once, after the last micro-batch's backward
+    AFTER_UPDATE = "after_update"  # once, after the optimizer's update
 
 
 @dataclass(frozen=True, slots=True)
 class SyncCall:
-    """One call a bucket makes per step: ``nbytes`` as the communicator's byte count reads
-    it (an all-reduce's buffer; a reduce-scatter's result and an all-gather's piece: one
-    member's shard)."""
+    """One call a bucket makes: ``nbytes`` as the communicator's byte count reads it (an
+    all-reduce's buffer; a reduce-scatter's result and an all-gather's piece: one member's
+    shard), and when it runs."""
 
     kind: SyncCallKind
     group: Group
     nbytes: int
+    when: SyncWhen = SyncWhen.SYNC
 
 
 def sync_calls(bucket: SyncBucket, zero: int) -> tuple[SyncCall, ...]:
     """The calls of one bucket under ZeRO stage ``zero`` (``ir/training.py``), in order: an
-    all-reduce; or a reduce-scatter of the padded flat buffer, then, after the update on
-    the shard, an all-gather of the weights."""
+    all-reduce in the sync; or a reduce-scatter of the padded flat buffer (in the sync, or
+    under ZeRO-2 at the end of every micro-batch), then, after the update on the shard, an
+    all-gather of the weights."""
     if zero == 0:
         return (SyncCall(SyncCallKind.ALL_REDUCE, bucket.group, bucket.nbytes),)
     shard = bucket.shard() * bucket.itemsize
-    return (SyncCall(SyncCallKind.REDUCE_SCATTER, bucket.group, shard),
-            SyncCall(SyncCallKind.ALL_GATHER, bucket.group, shard))
+    when = SyncWhen.MICRO_BATCH if zero >= 2 else SyncWhen.SYNC
+    return (SyncCall(SyncCallKind.REDUCE_SCATTER, bucket.group, shard, when),
+            SyncCall(SyncCallKind.ALL_GATHER, bucket.group, shard, SyncWhen.AFTER_UPDATE))
 
 
 @dataclass(frozen=True, slots=True)

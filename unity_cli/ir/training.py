@@ -6,8 +6,8 @@ once, here:
 
 * :class:`Training` is the step's shape: ``micro_batches`` forward and backward passes
   whose gradients add up before one sync and one update (gradient accumulation; the plan's
-  graph is built at the micro-batch size), and the ZeRO ``zero`` stage of every weight that
-  data-parallel replicas keep.
+  graph is built at the micro-batch size), the ZeRO ``zero`` stage of every weight that
+  data-parallel replicas keep, and what backward recomputes (``ir/recompute.py``).
 * :class:`WeightBytes` is the bytes of one parameter by what holds them (the weight the
   kernels read, its gradient, its fp32 master copy, its optimizer states), and which of
   them a ZeRO stage shards over the replicas.
@@ -21,14 +21,19 @@ ZeRO stages (Rajbhandari et al., SC'20), as built:
   shard it updates), the update runs on the shard, and the new weights are all-gathered.
   Its bytes sent equal the all-reduce's, up to the padding of the flat buffer to a
   multiple of the group. Megatron-LM's distributed optimizer is this stage.
+* 2: the gradients are sharded too: each micro-batch's gradients are reduce-scattered at
+  the end of its backward and added into the member's shard, so no replica keeps a whole
+  gradient from one micro-batch to the next. With ``k`` micro-batches it sends ``k``
+  reduce-scatters where stage 1 sends one (DeepSpeed's stage 2 does the same).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .dtypes import DType
+from .recompute import Recompute
 
-ZERO_STAGES = (0, 1)
+ZERO_STAGES = (0, 1, 2)
 """The ZeRO stages unity plans and runs (see the module docstring)."""
 
 
@@ -38,8 +43,10 @@ class Training:
 
     zero: int = 0
     micro_batches: int = 1
+    recompute: Recompute = Recompute.NONE
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"zero={self.zero}: stages {', '.join(map(str, ZERO_STAGES))} are built")
         if self.micro_batches < 1:
@@ -56,6 +63,8 @@ class Training:
             out["zero"] = self.zero
         if self.micro_batches != 1:
             out["micro_batches"] = self.micro_batches
+        if self.recompute is not Recompute.NONE:
+            out["recompute"] = self.recompute.value
         return out
 
     def describe(self) -> str:
@@ -64,6 +73,8 @@ class Training:
             parts.append(f"ZeRO-{self.zero}")
         if self.micro_batches > 1:
             parts.append(f"{self.micro_batches} micro-batches")
+        if self.recompute is not Recompute.NONE:
+            parts.append(f"{self.recompute.value} recomputation")
         return ", ".join(parts)
 
 
@@ -83,7 +94,8 @@ class WeightBytes:
     ``float16``) the kernels read a 2-byte copy, the gradient is accumulated in fp32 (as
     Megatron-LM's main grads), and an fp32 master and the states are kept for the update:
     2 + 4 + 4 + 8 = 18 with Adam. ZeRO-1 shards the master and the states: with Adam,
-    ``4 + 4 + 8/d`` (float32) or ``2 + 4 + 12/d`` (mixed) over ``d`` replicas.
+    ``4 + 4 + 8/d`` (float32) or ``2 + 4 + 12/d`` (mixed) over ``d`` replicas; ZeRO-2 the
+    gradient too: ``4 + 12/d`` or ``2 + 16/d``.
     """
 
     weight: int       # the copy the kernels read
@@ -98,12 +110,14 @@ class WeightBytes:
 
     def breakdown(self, numel: int, replicas: int, zero: int) -> dict[str, int]:
         """The bytes a device holds for ``numel`` parameters that ``replicas`` devices keep
-        alike, by part: weights, gradients, optimizer (master and states: from ZeRO-1 on,
-        only this replica's shard of them)."""
-        opt = (self.master + self.states) * numel
+        alike, by part: weights, gradients (from ZeRO-2 on, this replica's shard), optimizer
+        (master and states: from ZeRO-1 on, this replica's shard)."""
+        opt, grad = (self.master + self.states) * numel, self.grad * numel
         if zero >= 1:
             opt = shard_elements(opt, replicas)
-        return {"weights": self.weight * numel, "gradients": self.grad * numel, "optimizer": opt}
+        if zero >= 2:
+            grad = shard_elements(grad, replicas)
+        return {"weights": self.weight * numel, "gradients": grad, "optimizer": opt}
 
     def per_device(self, numel: int, replicas: int, zero: int) -> int:
         """:meth:`breakdown`'s parts added up."""

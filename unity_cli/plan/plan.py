@@ -21,6 +21,7 @@ from ..files import write_atomic
 from ..ir import PCG, DType, GraphBuilder, TensorRef
 from ..ir.machine_view import MachineView, check_view, devices_used
 from ..ir.opspec import OpKind, attrs_from_json, attrs_to_json
+from ..ir.recompute import Recompute
 from ..ir.shapes import ParallelDim, ParallelTensorShape
 from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import problems
@@ -106,9 +107,10 @@ class Plan:
 
     @property
     def training(self) -> Training:
-        """The step's micro-batches and ZeRO stage (``ir/training.py``; the defaults in plans
-        that do not name them)."""
-        return Training(int(self.config.get("zero", 0)), int(self.config.get("micro_batches", 1)))
+        """The step's micro-batches, ZeRO stage and recomputation (``ir/training.py``; the
+        defaults in plans that do not name them)."""
+        return Training(int(self.config.get("zero", 0)), int(self.config.get("micro_batches", 1)),
+                        Recompute(self.config.get("recompute", Recompute.NONE)))
 
     @property
     def comm_bytes(self) -> list[int] | None:
@@ -196,6 +198,9 @@ def _bad_config(config: Any) -> str:
     k = config.get("micro_batches", 1)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1 << 20:
         return f"config.micro_batches: expected a whole number of micro-batches >= 1, got {k!r}"
+    r = config.get("recompute", Recompute.NONE)
+    if not isinstance(r, str) or r not in set(Recompute):
+        return f"config.recompute: expected one of {', '.join(Recompute)}, got {r!r}"
     if z and b:
         return "config.zero: ZeRO's sync runs flat, but config.sync_bucket_bytes names buckets"
     return ""

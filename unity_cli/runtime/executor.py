@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import kernels
 from ..errors import RunError
-from ..ir.buckets import SyncCallKind, sync_buckets, sync_calls
+from ..ir.buckets import SyncCall, SyncCallKind, SyncWhen, sync_buckets, sync_calls
 from ..ir.machine_view import MachineView
 from ..ir.opspec import OpKind
 from ..ir.pcg import PCG, TensorRef
@@ -30,22 +30,35 @@ from .comm import Comm, make_comm
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
 from .phases import Buf, ByteCounter, StepClock, TimedComm, count_call
-from .program import LOCAL, Assemble, Collective, CollectiveKind, Program, Read, Step, StepKind, Task, build_program
+from .program import (
+    LOCAL,
+    Action,
+    Assemble,
+    Collective,
+    CollectiveKind,
+    Program,
+    Read,
+    Step,
+    StepKind,
+    StepOrder,
+    Task,
+    build_program,
+)
 from .weights import ParamStore, weight_syncs
 
 
 def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | None, backend: str, world: Any,
                    xp: Any, trainable: Mapping[str, np.ndarray], optimizer: OptimizerConfig, loss: LossKind,
-                   constants: Mapping[str, np.ndarray], bucket_bytes: int = 0, zero: int = 0
+                   constants: Mapping[str, np.ndarray], bucket_bytes: int = 0, training: Training = Training()
                    ) -> tuple[Program, Comm, ParamStore, Executor]:
     """This rank's program, communicator, weights and executor for a mapped graph;
     ``bucket_bytes`` is the gradient sync's (``ir/buckets.py``: 0, flat after backward),
-    ``zero`` its ZeRO stage (``ir/training.py``)."""
+    ``training`` the step's ZeRO stage and recomputation (``ir/training.py``)."""
     program = build_program(pcg, views, class_axis)
     comm = TimedComm(make_comm(backend, world))
     comm.setup_groups(program.groups)
-    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes, zero)
-    return program, comm, params, Executor(program, comm, xp, params, loss, constants)
+    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes, training.zero)
+    return program, comm, params, Executor(program, comm, xp, params, loss, constants, training)
 
 
 LOSS_TAG = 32001
@@ -85,7 +98,7 @@ class Executor:
     """
 
     def __init__(self, program: Program, comm: Comm, xp: Any, params: ParamStore, loss: LossKind,
-                 constants: Mapping[str, np.ndarray]):
+                 constants: Mapping[str, np.ndarray], training: Training = Training()):
         self.p = program
         self.comm = comm
         self.xp = xp
@@ -94,6 +107,8 @@ class Executor:
         self.constants = constants
         self.me = comm.rank
         self.mine = [self._plan_step(k, s) for k, s in enumerate(program.steps)]
+        self.order = StepOrder.of(program, training.recompute)
+        self._free = [[r for r in m.free if r not in self.order.kept] for m in self.mine]
         self._resident = params.residents()
         self._cut: dict[tuple, Any] = {}           # constants' pieces, cut once
         self._fed: dict[Any, Any] = {}             # this step's inputs' pieces
@@ -174,28 +189,41 @@ class Executor:
         self.ctx: dict[int, Any] = {}
         half = len(self.mine) // 2
         clock = self.clock
-        t0 = time.perf_counter()
-        for k, m in enumerate(self.mine):
-            if fault and k == half:
-                raise RunError(fault)
-            self._guard(m, self._forward)
-            for ref in m.free:
-                self.values.pop(ref, None)
-        if self.timings is not None:
-            self.pass_seconds.setdefault("fwd", []).append(time.perf_counter() - t0)
-        if clock:
-            clock.lap("fwd_compute", "fwd_comm")
-        loss = self._loss_step(target)
-        if clock:  # the loss's gathering and all-reduce (waiting for the other ranks) is communication
-            clock.lap("loss", "fwd_comm")
-        t0 = time.perf_counter()
         bucketed = apply and last and self.params.bucket_bytes > 0
-        for k in range(len(self.mine) - 1, -1, -1):
-            m = self.mine[k]
-            if m.active:
-                self._guard(m, self._backward)
-            if bucketed:   # the buckets whose gradients are whole start their all-reduce
-                self.params.backward_passed(self.mine[k - 1].step.node if k else -1, self.grads)
+        order = self.order
+        loss = 0.0
+        t0 = time.perf_counter()
+        for act, k in order.actions:
+            match act:
+                case Action.FORWARD:
+                    if fault and k == half:
+                        raise RunError(fault)
+                    self._guard(self.mine[k], self._forward if k not in order.no_context else self._forward_only)
+                    for ref in self._free[k]:
+                        self.values.pop(ref, None)
+                case Action.LOSS:
+                    if self.timings is not None:
+                        self.pass_seconds.setdefault("fwd", []).append(time.perf_counter() - t0)
+                    if clock:
+                        clock.lap("fwd_compute", "fwd_comm")
+                    loss = self._loss_step(target)
+                    if clock:  # the loss's gathering and all-reduce (waiting for the other ranks) is communication
+                        clock.lap("loss", "fwd_comm")
+                    t0 = time.perf_counter()
+                case Action.RECOMPUTE:
+                    self._guard(self.mine[k], self._forward)
+                case Action.BACKWARD:
+                    m = self.mine[k]
+                    if m.active:
+                        self._guard(m, self._backward)
+                    if bucketed:   # the buckets whose gradients are whole start their all-reduce
+                        self.params.backward_passed(self.mine[k - 1].step.node if k else -1, self.grads)
+                case Action.DROP:
+                    for j in order.segments[k]:
+                        for o in range(len(self.p.pcg.nodes[self.mine[j].step.node].outputs)):
+                            self.values.pop(TensorRef(self.mine[j].step.node, o), None)
+                case _:
+                    assert_never(act)
         if self.timings is not None:
             self.pass_seconds.setdefault("bwd", []).append(time.perf_counter() - t0)
         self.values = {}
@@ -214,7 +242,7 @@ class Executor:
                 return
             t0, talk = time.perf_counter(), self.comm.seconds
             fn(m)
-            spent, key = time.perf_counter() - t0, (m.step.node, "fwd" if fn == self._forward else "bwd")
+            spent, key = time.perf_counter() - t0, (m.step.node, "bwd" if fn == self._backward else "fwd")
             if m.task is not None and m.task.assemble is Assemble.KERNEL:
                 self.timings.setdefault(key, []).append(spent)
             elif self.p.pcg.nodes[m.step.node].spec.is_parallel_op and self.comm.seconds > talk:
@@ -257,7 +285,11 @@ class Executor:
         cache[key] = piece
         return piece
 
-    def _forward(self, m: _Mine) -> None:
+    def _forward_only(self, m: _Mine) -> None:
+        """A recomputed step's forward: its context is not kept (backward makes it again)."""
+        self._forward(m, keep=False)
+
+    def _forward(self, m: _Mine, keep: bool = True) -> None:
         xp, t = self.xp, m.task
         ins: list[Any] = [None] * (len(t.reads) if t else 0)
         recvs = []
@@ -285,7 +317,7 @@ class Executor:
             if m.gather is not None:
                 ins[1] = self._shift_indices(ins[1], *m.gather)
             outs, ctx = kernels.forward(m.attrs, ins, xp)
-            if m.active:
+            if m.active and keep:
                 self.ctx[i] = ctx
             for k, v in enumerate(outs):
                 self.values[TensorRef(i, k)] = v
@@ -581,27 +613,38 @@ def planned_calls(p: Program, me: int, size: int, training: Training = Training(
     ``(Comm method, its arguments)`` with :class:`~.phases.Buf` standing for each array:
     what :class:`Executor` and :class:`~.weights.ParamStore` post, from the same plans:
     each micro-batch's, then the sync's (``ir/buckets.sync_calls``)."""
-    calls = _micro_batch_calls(p, me, size) * training.micro_batches
-    # ParamStore's gradient sync, per flat bucket (ir/buckets.py) this rank is in: its first
-    # call (an all-reduce, or under ZeRO a reduce-scatter) in the sync, then after the update
-    # the rest (ZeRO's all-gathers)
-    mine = [sync_calls(b, training.zero) for b in sync_buckets(p.pcg, weight_syncs(p), 0) if me in b.group]
-    for c in [cs[0] for cs in mine] + [c for cs in mine for c in cs[1:]]:
-        piece, whole = Buf(c.nbytes), Buf(c.nbytes * len(c.group))   # whole: the padded flat buffer
-        match c.kind:
-            case SyncCallKind.ALL_REDUCE:
-                calls.append(("allreduce", (c.group, piece)))
-            case SyncCallKind.REDUCE_SCATTER:
-                calls.append(("reduce_scatter", (c.group, whole, piece)))
-            case SyncCallKind.ALL_GATHER:
-                calls.append(("allgather", (c.group, piece, whole)))
-            case _:
-                assert_never(c.kind)
+    # ParamStore's gradient sync, per flat bucket (ir/buckets.py) this rank is in: under ZeRO-2
+    # a reduce-scatter at the end of each micro-batch; then those of the sync (an all-reduce,
+    # or a reduce-scatter), and after the update the rest (ZeRO's all-gathers)
+    mine = [c for b in sync_buckets(p.pcg, weight_syncs(p), 0) if me in b.group for c in sync_calls(b, training.zero)]
+    each = [c for c in mine if c.when is SyncWhen.MICRO_BATCH]
+    calls = (_micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute)) + _sync_calls(each)) \
+        * training.micro_batches
+    calls += _sync_calls([c for c in mine if c.when is SyncWhen.SYNC])
+    calls += _sync_calls([c for c in mine if c.when is SyncWhen.AFTER_UPDATE])
     return calls
 
 
-def _micro_batch_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]]:
-    """The calls of :func:`planned_calls` that one micro-batch's forward, loss and backward make."""
+def _sync_calls(calls: Sequence[SyncCall]) -> list[tuple[str, tuple]]:
+    """:func:`planned_calls`' entries of gradient-sync calls (``ir/buckets.sync_calls``)."""
+    out: list[tuple[str, tuple]] = []
+    for c in calls:
+        piece, whole = Buf(c.nbytes), Buf(c.nbytes * len(c.group))   # whole: the padded flat buffer
+        match c.kind:
+            case SyncCallKind.ALL_REDUCE:
+                out.append(("allreduce", (c.group, piece)))
+            case SyncCallKind.REDUCE_SCATTER:
+                out.append(("reduce_scatter", (c.group, whole, piece)))
+            case SyncCallKind.ALL_GATHER:
+                out.append(("allgather", (c.group, piece, whole)))
+            case _:
+                assert_never(c.kind)
+    return out
+
+
+def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder) -> list[tuple[str, tuple]]:
+    """The calls of :func:`planned_calls` that one micro-batch's forward, loss, recomputes and
+    backward make, in ``order``."""
     pcg = p.pcg
     mine = [plan_step(p, me, k, s) for k, s in enumerate(p.steps)]
     calls: list[tuple[str, tuple]] = []
@@ -612,36 +655,39 @@ def _micro_batch_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]
     def piece(ref: TensorRef) -> Buf:
         return nbytes(pcg.shape(ref).piece.dims, ref)
 
-    for m in mine:
+    def forward(m: _Mine) -> None:
         if m.recv or m.send:
             calls.append(("exchange", ([(dst, nbytes(read_shape(pcg, rd), rd.ref)) for dst, rd in m.send],
                                        [(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
                                         for _, src, shape, dt in m.recv], m.tag)))
         if m.step.kind is StepKind.FUSED:
             calls.extend(_fused_calls(m.colls, piece(m.step.source), backward=False))
-            continue
+            return
         for c in m.colls:
             rd = m.step.tasks[c.covered[0][0]].reads[c.covered[0][1]]
             name = "bcast" if c.kind is CollectiveKind.BCAST else "reduce"
             calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
-    out = p.output
-    lead = next((g for g in p.loss_groups if g.leader == me), None)
-    member = next((g for g in p.loss_groups for r, _, _ in g.members if r == me), None)
-    sends = [(member.leader, piece(out))] if member is not None and member.leader != me else []
-    recvs = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None else []
-    calls.append(("exchange", (sends, recvs, LOSS_TAG)))
-    grad = out in p.has_grad
-    gsends = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None and grad else []
-    grecvs = [(member.leader, piece(out))] if grad and member is not None and member.leader != me else []
-    calls.append(("exchange", (gsends, grecvs, GRAD_TAG)))
-    if size > 1:
-        calls.append(("sum_host", (0.0,)))
-    for m in reversed(mine):
+
+    def loss() -> None:
+        out = p.output
+        lead = next((g for g in p.loss_groups if g.leader == me), None)
+        member = next((g for g in p.loss_groups for r, _, _ in g.members if r == me), None)
+        sends = [(member.leader, piece(out))] if member is not None and member.leader != me else []
+        recvs = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None else []
+        calls.append(("exchange", (sends, recvs, LOSS_TAG)))
+        grad = out in p.has_grad
+        gsends = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None and grad else []
+        grecvs = [(member.leader, piece(out))] if grad and member is not None and member.leader != me else []
+        calls.append(("exchange", (gsends, grecvs, GRAD_TAG)))
+        if size > 1:
+            calls.append(("sum_host", (0.0,)))
+
+    def backward(m: _Mine) -> None:
         if not m.active:
-            continue
+            return
         if m.step.kind is StepKind.FUSED:
             calls.extend(_fused_calls(m.colls_back, piece(m.step.source), backward=True))
-            continue
+            return
         if m.grad_send or m.grad_recv:
             calls.append(("exchange", ([(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
                                         for _, src, shape, dt in m.grad_send],
@@ -652,6 +698,19 @@ def _micro_batch_calls(p: Program, me: int, size: int) -> list[tuple[str, tuple]
                 next(r for r in task.reads if r.src == me)
             name = "reduce" if c.kind is CollectiveKind.BCAST else "bcast"
             calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
+
+    for act, k in order.actions:
+        match act:
+            case Action.FORWARD | Action.RECOMPUTE:
+                forward(mine[k])
+            case Action.LOSS:
+                loss()
+            case Action.BACKWARD:
+                backward(mine[k])
+            case Action.DROP:
+                pass
+            case _:
+                assert_never(act)
     return calls
 
 

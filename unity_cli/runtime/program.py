@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from ..errors import PlanError
 from ..ir.machine_view import MachineView
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import Coord
+from ..ir.recompute import Recompute, recomputed
 from ..ir.schedule import (  # noqa: F401  (the executor's and weights' vocabulary)
     LOCAL,
     Assemble,
@@ -103,3 +105,52 @@ def _build(pcg: PCG, views: tuple[MachineView, ...], class_axis: int | None) -> 
     return Program(pcg, views, owners, held, layout, tuple(sched.scale(i) for i in range(len(pcg))), tuple(steps),
                    needs_grad(pcg, out), out, loss_groups, params, tuple(sorted(groups, key=lambda g: (len(g), g))),
                    last_read)
+
+
+class Action(Enum):
+    """One thing a rank does in a micro-batch (:class:`StepOrder`)."""
+
+    FORWARD = "fwd"          # a step's forward (keeping its context unless it is recomputed)
+    LOSS = "loss"            # the loss, and its gradient
+    RECOMPUTE = "recompute"  # a recomputed step's forward again, keeping its context
+    BACKWARD = "bwd"         # a step's backward (where its gradient flows)
+    DROP = "drop"            # a recomputed segment's backward is done: its values are freed
+
+
+@dataclass(frozen=True)
+class StepOrder:
+    """The order of one micro-batch's work on every rank, under a recomputation mode
+    (``ir/recompute.py``): each action with its step index (``DROP``: its segment's), what
+    forward keeps no context of, and what values it keeps for a recompute. The executor
+    runs it and :func:`~.executor.planned_calls` counts its calls, from this one value."""
+
+    actions: tuple[tuple[Action, int], ...]
+    no_context: frozenset[int]                  # steps whose forward keeps no context
+    kept: frozenset[TensorRef]                  # values forward keeps until a recompute reads them
+    segments: tuple[tuple[int, ...], ...]       # the recomputed steps of each segment, in order
+
+    @staticmethod
+    def of(p: Program, mode: Recompute = Recompute.NONE) -> StepOrder:
+        at = {s.node: k for k, s in enumerate(p.steps)}
+        segs = [tuple(at[i] for i in seg if i in at)
+                for seg in recomputed(p.pcg, p.layout, p.has_grad, mode)]
+        segs = [s for s in segs if s]
+        first = {s[-1]: j for j, s in enumerate(segs)}    # backward meets a segment at its last step
+        last = {s[0]: j for j, s in enumerate(segs)}
+        kept: set[TensorRef] = set()
+        for seg in segs:
+            made = {p.steps[k].node for k in seg}
+            for k in seg:
+                s = p.steps[k]
+                reads = [rd.ref for t in s.tasks for rd in t.reads if rd.src != LOCAL]
+                reads += [s.source] if s.source is not None else []
+                kept.update(r for r in reads if r.node not in made and p.layout[r.node] is None)
+        n = len(p.steps)
+        actions = [(Action.FORWARD, k) for k in range(n)] + [(Action.LOSS, -1)]
+        for k in range(n - 1, -1, -1):
+            if k in first:
+                actions += [(Action.RECOMPUTE, j) for j in segs[first[k]]]
+            actions.append((Action.BACKWARD, k))
+            if k in last:
+                actions.append((Action.DROP, last[k]))
+        return StepOrder(tuple(actions), frozenset(k for s in segs for k in s), frozenset(kept), tuple(segs))

@@ -330,7 +330,7 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
 
     _, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
                                                      values.trainable, optimizer, loss, values.constants,
-                                                     plan.sync_bucket_bytes, plan.training.zero)
+                                                     plan.sync_bucket_bytes, plan.training)
     return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
 
 

@@ -11,7 +11,9 @@ With micro-batches, each micro-batch's gradients are added into the same buffers
 (:meth:`ParamStore.accumulate`) and the sync runs once, after the last. Under ZeRO-1
 (``ir/training.py``) a group's masters live in one flat buffer padded to equal shards: the
 gradients are reduce-scattered (``ir/buckets.sync_calls``), each member updates its shard,
-with optimizer state for that shard only, and the shards are all-gathered back.
+with optimizer state for that shard only, and the shards are all-gathered back. Under
+ZeRO-2 each micro-batch's gradients are reduce-scattered at the end of its backward, from a
+flat buffer made for that call, and added into the member's shard.
 """
 from __future__ import annotations
 
@@ -81,22 +83,23 @@ class ParamStore:
                 continue
             ms = [self._by_node[w] for w in b.weights]
             dtype = self.master[ms[0].name].dtype
-            size = sum(self.master[p.name].size for p in ms)
-            length = b.shard() * len(b.group) if zero else size
-            flat = xp.zeros(length, dtype=dtype) if zero else xp.empty(length, dtype=dtype)
+            length = b.shard() * len(b.group) if zero else sum(self.master[p.name].size for p in ms)
             masters = xp.zeros(length, dtype=dtype) if zero else None
             at = 0
             for p in ms:
                 m = self.master[p.name]
-                self.slots[p.name] = flat[at:at + m.size].reshape(m.shape)
                 if masters is not None:   # the master becomes its slice of the group's flat buffer
                     masters[at:at + m.size] = m.reshape(-1)
                     self.master[p.name] = masters[at:at + m.size].reshape(m.shape)
                 at += m.size
             if masters is not None:
                 self.shards[len(self.buckets)] = (masters, xp.empty(b.shard(), dtype=dtype))
-            self.buckets.append((b, flat))
-        self._sharded = set(self.slots) if zero else set()   # updated by their bucket's shard
+            # ZeRO-2 keeps no whole gradient between micro-batches: its flat buffer is made
+            # for each micro-batch's reduce-scatter (_flat_buffer), and dropped after it
+            self.buckets.append((b, None if zero >= 2 else self._flat_buffer(b, length, dtype)))
+        self._bucketed = {self._by_node[w].name for b, _ in self.buckets for w in b.weights}
+        self._sharded = self._bucketed if zero else set()   # updated by their bucket's shard
+        self._micro = 0                    # ZeRO-2: micro-batches reduce-scattered this step
         self._filled: set[str] = set()    # weights whose gradient this step's buffers already hold
         self._gathered = False            # --check under ZeRO: the summed gradients all-gathered
         self._issued = 0                  # buckets whose all-reduce has started this step
@@ -105,6 +108,38 @@ class ParamStore:
         self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
         self.synced: dict[str, Any] = {}
         self._full: dict[str, Any] = {}   # this step's gradient of each master region
+
+    def _flat_buffer(self, b: SyncBucket, length: int, dtype: Any) -> Any:
+        """A flat gradient buffer of bucket ``b`` (zeros: ZeRO's padding stays zero), each of
+        its weights' gradients a slice of it (``slots``)."""
+        flat = self.xp.zeros(length, dtype=dtype)
+        at = 0
+        for w in b.weights:
+            p = self._by_node[w]
+            m = self.master[p.name]
+            self.slots[p.name] = flat[at:at + m.size].reshape(m.shape)
+            at += m.size
+        return flat
+
+    def _reduce_scatter_micro_batch(self, grads: Mapping[TensorRef, Any]) -> None:
+        """ZeRO-2, at the end of a micro-batch's backward: each bucket's gradients in a flat
+        buffer made for it, reduce-scattered, and added into the member's summed shard."""
+        for k, (b, _) in enumerate(self.buckets):
+            _, shard = self.shards[k]
+            flat = self._flat_buffer(b, shard.size * len(b.group), shard.dtype)
+            for w in b.weights:
+                self._fill(self._by_node[w], grads)
+            if self._micro == 0:
+                self.comm.reduce_scatter(b.group, flat, shard)
+            else:
+                part = self.xp.empty_like(shard)
+                self.comm.reduce_scatter(b.group, flat, part)
+                shard += part
+            for w in b.weights:
+                name = self._by_node[w].name
+                del self.slots[name], self._full[name]
+                self._filled.discard(name)
+        self._micro += 1
 
     def residents(self) -> dict[TensorRef, Any]:
         """This rank's resident pieces, cut from its masters."""
@@ -121,9 +156,13 @@ class ParamStore:
 
     def accumulate(self, grads: Mapping[TensorRef, Any]) -> None:
         """A micro-batch before the last is done: its resident pieces' gradients are added
-        into each weight's gradient buffer (the sync runs once, after the last)."""
+        into each weight's gradient buffer (the sync runs once, after the last; under ZeRO-2
+        the buckets' gradients are reduce-scattered now)."""
         for p in self.plans:
-            self._fill(p, grads, own=True)
+            if not (self.zero >= 2 and p.name in self._bucketed):
+                self._fill(p, grads, own=True)
+        if self.zero >= 2:
+            self._reduce_scatter_micro_batch(grads)
 
     def update(self, grads: Mapping[TensorRef, Any]) -> None:
         """Gradient sync and one optimizer step; ``grads`` holds the resident pieces' gradients.
@@ -132,6 +171,7 @@ class ParamStore:
         synced = self.sync(grads)
         self.synced = synced if self.keep_synced else {}
         self._gathered = False
+        self._micro = 0
         self.optimizer.begin_step()
         for p in self.plans:
             if p.name not in self._sharded:
@@ -164,11 +204,13 @@ class ParamStore:
         then all-reduced with the ranks that keep the same region (``self.buckets``; those
         a bucketed sync has not started yet start now, and all are waited for)."""
         for p in self.plans:
-            if p.name not in self.slots:
+            if p.name not in self._bucketed:
                 self._fill(p, grads)
         if self.bucket_bytes:
             self.backward_passed(AFTER_BACKWARD - 1, grads)
             self.comm.wait_all(self._pending)
+        elif self.zero >= 2:
+            self._reduce_scatter_micro_batch(grads)
         else:
             for k, (b, flat) in enumerate(self.buckets):
                 for w in b.weights:
@@ -234,6 +276,10 @@ class ParamStore:
         if what == "grads" and self.shards and not self._gathered:
             for k, (_, shard) in self.shards.items():
                 b, flat = self.buckets[k]
+                if flat is None:         # ZeRO-2: a buffer for the check only
+                    flat = self._flat_buffer(b, shard.size * len(b.group), shard.dtype)
+                    self.synced.update((self._by_node[w].name, self.slots.pop(self._by_node[w].name))
+                                       for w in b.weights)
                 self.comm.allgather(b.group, shard, flat)
             self._gathered = True
         source = self.master if what == "weights" else self.synced

@@ -37,6 +37,7 @@ from ..ir.ops.parallel import RepartitionAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import SUM, WHOLE, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
+from ..ir.recompute import Recompute
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
 from ..ir.training import ZERO_STAGES, Training
@@ -154,18 +155,25 @@ required), the ZeRO stage and the micro-batches per step (default 0 and 1)."""
 
 
 def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
-    """``(tp, dp, training)`` of ``--strategy tp=T,dp=D[,zero=Z][,mb=K]``; a UsageError
-    naming the option and the device count when it is malformed or ``T*D`` is not the
-    cluster's device count."""
+    """``(tp, dp, training)`` of ``--strategy tp=T,dp=D[,zero=Z][,mb=K][,recompute=R]``; a
+    UsageError naming the option and the device count when it is malformed or ``T*D`` is not
+    the cluster's device count."""
     t = max(d for d in divisors(devices) if d * d <= devices)
-    usage = (f"--strategy {strategy[:200]!r}: expected tp=T,dp=D[,zero=Z][,mb=K] with T*D = {devices} (the "
-             f"cluster's device count), e.g. tp={t},dp={devices // t}")
+    usage = (f"--strategy {strategy[:200]!r}: expected tp=T,dp=D[,zero=Z][,mb=K][,recompute="
+             f"{'|'.join(Recompute)}] with T*D = {devices} (the cluster's device count), e.g. "
+             f"tp={t},dp={devices // t}")
     values: dict[str, int] = {}
+    recompute = Recompute.NONE
     for part in strategy.split(","):
         key, sep, value = part.partition("=")
         key, value = key.strip().lower(), value.strip()
-        if key == "recompute" and sep:
-            raise UsageError(f"--strategy {strategy[:200]!r}: recompute= is not built yet (activations are kept)")
+        if key == "recompute" and sep and "recompute" not in values:
+            if value.lower() not in set(Recompute):
+                raise UsageError(f"--strategy {strategy[:200]!r}: recompute={value[:40]}: expected one of "
+                                 f"{', '.join(Recompute)}")
+            recompute = Recompute(value.lower())
+            values[key] = 0
+            continue
         if not sep or key not in STRATEGY_KEYS or key in values or not whole_number(value):
             raise UsageError(usage)
         values[key] = int(value)
@@ -181,7 +189,7 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
                          f"{', '.join(map(str, ZERO_STAGES))}")
     if mb < 1:
         raise UsageError(f"--strategy {strategy[:200]}: mb={mb}: micro-batches per step must be at least 1")
-    return tp, dp, Training(zero, mb)
+    return tp, dp, Training(zero, mb, recompute)
 
 
 def whole_number(text: str) -> bool:
@@ -190,10 +198,11 @@ def whole_number(text: str) -> bool:
 
 
 def strategy_name(tp: int, dp: int, training: Training = Training()) -> str:
-    """A hand-written configuration's row name: ``tp=T,dp=D``, and its ZeRO stage and
-    micro-batches where not the default."""
+    """A hand-written configuration's row name: ``tp=T,dp=D``, and its ZeRO stage,
+    micro-batches and recomputation where not the default."""
     extra = (f",zero={training.zero}" if training.zero else "") + \
-        (f",mb={training.micro_batches}" if training.micro_batches > 1 else "")
+        (f",mb={training.micro_batches}" if training.micro_batches > 1 else "") + \
+        (f",recompute={training.recompute}" if training.recompute is not Recompute.NONE else "")
     return hybrid_name(tp, dp) + extra
 
 

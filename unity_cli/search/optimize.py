@@ -28,6 +28,7 @@ from ..deadline import OutOfTime, ceiling, check
 from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.machine_view import MachineView, devices_used
 from ..ir.pcg import PCG
+from ..ir.recompute import Recompute
 from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import validate
 from ..substitutions.rule import Rule
@@ -591,62 +592,67 @@ def _fastest(candidates: dict[str, Candidate]) -> str:
 
 def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
                   strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
-                  **search: Any) -> tuple[SearchResult, int]:
+                  recompute: Recompute | None = None, **search: Any) -> tuple[SearchResult, int]:
     """:func:`optimize` with the step's shape (``ir/training.py``) chosen too, and the
     micro-batches it chose. ``graph_for(k)`` is the graph at the micro-batch size of ``k``
     micro-batches of the global ``batch``; ``search`` is :func:`optimize`'s other options.
 
-    What is given (``--strategy ...,zero=Z,mb=K`` gives both; ``--zero``, ``--micro-batches``)
-    is kept; a strategy that is not a search takes the defaults for the rest. A search chooses
-    the rest: the plain step first (one micro-batch, or those given; ZeRO-1 tried as well
-    where the stage is not given, kept where it prices faster); where no plan fits, ZeRO-1
-    (unless the stage is given), then the fewest micro-batches (a divisor of the batch) with
-    which a plan fits, found by bisection, and at that count the faster of with and without
-    ZeRO. A count of searches, never the clock."""
+    What is given (``--strategy ...,zero=Z,mb=K,recompute=R`` gives all three; ``--zero``,
+    ``--micro-batches``, ``--recompute``) is kept; a strategy that is not a search takes the
+    defaults for the rest. A search chooses the rest: the plain step first (one micro-batch,
+    or those given, nothing recomputed; ZeRO-1 tried as well where the stage is not given,
+    kept where it prices faster); where no plan fits, ZeRO-1 (unless the stage is given), then
+    the fewest micro-batches (a divisor of the batch) with which a plan fits, found by
+    bisection, and at that count the faster of with and without ZeRO. Only where no count
+    fits without recomputation is it recomputed (unless given), since it costs a second
+    forward. A count of searches, never the clock."""
     if micro_batches is not None and batch % micro_batches:
         raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
                          f"batch {batch} (--batch-size is the global batch of a step)")
     searched = strategy in SEARCHES or strategy == Strategy.BEST
-    if not searched or zero is not None and micro_batches is not None:
-        train = Training(zero or 0, micro_batches or 1)
+    if not searched or zero is not None and micro_batches is not None and recompute is not None:
+        train = Training(zero or 0, micro_batches or 1, recompute or Recompute.NONE)
         k = train.micro_batches
         return optimize(graph_for(k), cluster, replace(config, training=train), strategy, **search), k
-    tried: dict[tuple[int, int], SearchResult | InfeasibleError] = {}
+    tried: dict[Training, SearchResult | InfeasibleError] = {}
 
-    def attempt(z: int, k: int) -> SearchResult | None:
-        if (z, k) not in tried:
+    def attempt(train: Training) -> SearchResult | None:
+        if train not in tried:
             try:
-                tried[(z, k)] = optimize(graph_for(k), cluster, replace(config, training=Training(z, k)),
-                                         strategy, **search)
+                tried[train] = optimize(graph_for(train.micro_batches), cluster, replace(config, training=train),
+                                        strategy, **search)
             except InfeasibleError as e:
-                tried[(z, k)] = e
-        got = tried[(z, k)]
+                tried[train] = e
+        got = tried[train]
         return None if isinstance(got, InfeasibleError) else got
 
     stages = ZERO_STAGES if zero is None else (zero,)
     ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
+    modes = (Recompute.NONE, Recompute.FULL) if recompute is None else (recompute,)
 
-    def fastest(k: int) -> SearchResult | None:
+    def fastest(k: int, r: Recompute) -> SearchResult | None:
         """The faster plan of each stage at ``k`` micro-batches (the plain stage priced
         sharded too, where the stage is free)."""
-        got = [r for z in stages if (r := attempt(z, k)) is not None]
+        got = [res for z in stages if (res := attempt(Training(z, k, r))) is not None]
         if zero is None and got and got[0].chosen.report.training.zero == 0:
             got[0] = _sharded_if_faster(got[0], cluster, config)
-        return min(got, key=lambda r: (r.chosen.report.step_time, r.chosen.report.training.zero), default=None)
+        return min(got, key=lambda res: (res.chosen.report.step_time, res.chosen.report.training.zero), default=None)
 
-    plain = attempt(stages[0], ks[0])
+    first = Training(stages[0], ks[0], modes[0])
+    plain = attempt(first)
     if plain is not None:
         return (_sharded_if_faster(plain, cluster, config) if zero is None else plain), ks[0]
     least = max(stages)     # the stage that needs the least memory
-    # Fewest micro-batches that fit with it: memory falls as they grow, so bisect over the
-    # divisors of the batch (a few searches, not one per divisor).
+    r = next((r for r in modes if attempt(Training(least, ks[-1], r)) is not None), None)
+    if r is None:
+        raise tried[first]         # (the plain step's reason: nothing fits even so)
+    # Fewest micro-batches that fit: memory falls as they grow, so bisect over the divisors
+    # of the batch (a few searches, not one per divisor).
     lo, hi = -1, len(ks) - 1
-    if attempt(least, ks[hi]) is None:
-        raise tried[(stages[0], ks[0])]        # (the plain step's reason: nothing fits even so)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if attempt(least, ks[mid]) is not None else (mid, hi)
-    best = fastest(ks[hi])
+        lo, hi = (lo, mid) if attempt(Training(least, ks[mid], r)) is not None else (mid, hi)
+    best = fastest(ks[hi], r)
     assert best is not None
     return best, ks[hi]
 

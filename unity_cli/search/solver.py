@@ -70,7 +70,8 @@ from ..ir.ops.elementwise import UnaryAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import SUM, backward_mask, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
-from ..ir.schedule import needs_grad
+from ..ir.recompute import Recompute, recomputed
+from ..ir.schedule import layout_sources, needs_grad
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
 from ..ir.training import shard_elements
@@ -92,6 +93,22 @@ backward, independent branches): charged in full it overprices data parallelism,
 nothing it underprices it. Each mesh is solved at both ends and the simulation picks."""
 NODE_LIMIT = 2_000
 """Branch-and-bound nodes HiGHS may explore per program (a work bound, not a time one)."""
+
+
+class Again(Enum):
+    """Whether backward recomputes an operator (``ir/recompute.py``): the memory it keeps
+    through forward, and its forward paid twice. (The recompute workspace, one segment's,
+    and a recomputed resharding's second forward are priced by the final pricing only.)"""
+
+    NO = "no"                  # kept: its outputs and context
+    KEEPS_OUTPUT = "output"    # recomputed; its outputs kept for a reader outside its segment
+    ALL = "all"                # recomputed; nothing kept
+
+
+def _again(pcg: PCG, grads: frozenset[TensorRef], mode: Recompute) -> dict[int, Again]:
+    segment = {i: s for s, seg in enumerate(recomputed(pcg, layout_sources(pcg), grads, mode)) for i in seg}
+    return {i: Again.ALL if all(segment.get(u) == s for u, _ in pcg.consumers[i]) else Again.KEEPS_OUTPUT
+            for i, s in segment.items()}
 
 
 class Tensor(Enum):
@@ -322,22 +339,23 @@ class Tables:
         self.edges = price_table(cluster, config, "solver edges", SHARED_LIMIT)
 
     def node(self, pcg: PCG, i: int, mesh: Mesh, returned: bool,
-             grads: frozenset[TensorRef], copies: bool = False) -> tuple:
+             grads: frozenset[TensorRef], copies: bool = False, again: Again = Again.NO) -> tuple:
         """(options, cost per option, memory per option, weight sync per option) of compute
         node ``i``; ``grads``: the tensors whose gradient flows (backward makes only those);
-        ``copies``: where a CPU makes a transposing copy (``cost.strides.copies``)."""
+        ``copies``: where a CPU makes a transposing copy (``cost.strides.copies``); ``again``:
+        whether backward recomputes it (``ir/recompute.py``)."""
         n = pcg.nodes[i]
         kinds = tuple(_source_kind(pcg.nodes[r.node]) for r in n.inputs)
         inputs = tuple(pcg.shape(r) for r in n.inputs)
         mask = backward_mask(n.spec, inputs, [r in grads for r in n.inputs])
-        key = (n.op, inputs, kinds, mesh, returned, mask, copies)
+        key = (n.op, inputs, kinds, mesh, returned, mask, copies, again)
         hit = self.nodes.get(key)
         if hit is None:
-            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask, copies)
+            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask, copies, again)
         return hit
 
     def _node(self, pcg: PCG, n: Node, mesh: Mesh, returned: bool, kinds: tuple,
-              mask: tuple[bool, ...] | None, copies: bool) -> tuple:
+              mask: tuple[bool, ...] | None, copies: bool, again: Again) -> tuple:
         config, pricer, device = self.config, self.pricer, self.device
         opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
         if not opts:
@@ -348,16 +366,19 @@ class Tables:
         costs, mems, syncs = [], [], []
         for o in opts:
             fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile, mask, copies)
-            t = (fwd + bwd) * micro
+            t = (fwd * (2 if again is not Again.NO else 1) + bwd) * micro
             sync = 0.0
-            mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
-            mem += n.spec.kept_elements(n.op, [s.piece for s in o.outputs]) * config.dtype.itemsize
+            mem = 0 if again is Again.ALL else sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
+            if again is Again.NO:
+                mem += n.spec.kept_elements(n.op, [s.piece for s in o.outputs]) * config.dtype.itemsize
             for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
                 match kind:
                     case Tensor.WEIGHT:
                         # (under ZeRO the sync is a reduce-scatter and an all-gather: the all-reduce's
                         # bytes, priced as it; the update runs on the replica's shard)
                         moved = pricer.move(pcg.shape(r), want, kind)
+                        if zero >= 2:    # a reduce-scatter (half the all-reduce) every micro-batch
+                            moved *= (micro + 1) / 2
                         numel = want.piece.numel
                         updated = shard_elements(numel, want.copy_degree) if zero and moved > 0 else numel
                         t += moved + update_seconds(updated, device, config, synced=moved > 0)
@@ -419,11 +440,12 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: Mesh
     returned = {r.node for r in pcg.outputs}
     grads = needs_grad(pcg, pcg.outputs[0])
     copies = runtime_copies(pcg, cluster)
+    again = _again(pcg, grads, config.training.recompute)
     keys = {}
     on = {i: mesh if meshes is None else meshes.get(i, mesh) for i in nodes}
     for i in nodes:
         check()
-        priced = tables.node(pcg, i, on[i], i in returned, grads, i in copies)
+        priced = tables.node(pcg, i, on[i], i in returned, grads, i in copies, again.get(i, Again.NO))
         options[i], node_cost[i], node_memory[i], node_sync[i] = priced
         keys[i] = (pcg.nodes[i].op, tuple(pcg.shape(r) for r in pcg.nodes[i].inputs), i in returned, on[i])
     edges, edge_memory = [], []

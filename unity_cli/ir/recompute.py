@@ -1,0 +1,98 @@
+"""Activation recomputation: which nodes a step runs forward twice, and when.
+
+A training step keeps, for backward, what each operator's forward leaves in its context
+(its inputs or outputs, ``kernels``). Recomputing trades that memory for a second forward:
+the forward pass keeps no context for a recomputed node, and backward runs the node's
+forward again, just before it needs the context (Chen et al., 2016; Megatron-LM's
+``--recompute-granularity full``).
+
+The graph is cut into **segments**: contiguous runs of the activation nodes (those with a
+step of their own: not sources, not layouts of sources, ``ir/schedule.py``) in node order,
+cut where the fewest activations are alive (:func:`segments`: in a transformer, at each
+residual stream between half-blocks; in an MLP, between layers), each holding at least
+one operator that reads a trainable weight. Under ``full`` recomputation every node of a
+segment whose gradient flows is recomputed, except the graph's output (the loss reads it);
+backward recomputes a segment's nodes, in order, right before the backward of its last
+node, and frees them when the segment's backward is done. What a segment reads from
+outside it (its input: the residual stream) stays alive from forward until then.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+import numpy as np
+
+from .ops.sources import WeightAttrs
+from .pcg import PCG, TensorRef
+
+
+class Recompute(StrEnum):
+    """What a step recomputes (the module docstring)."""
+
+    NONE = "none"
+    FULL = "full"
+
+
+def activation_nodes(pcg: PCG, layout: Sequence[int | None]) -> list[int]:
+    """The nodes with a step of their own, in node (topological) order."""
+    return [i for i, n in pcg if not n.spec.is_source and layout[i] is None]
+
+
+def _reads_weight(pcg: PCG, i: int, layout: Sequence[int | None]) -> bool:
+    def src(r: TensorRef) -> int:
+        s = layout[r.node]
+        return r.node if s is None else s
+
+    return any(isinstance(w := pcg.nodes[src(r)].op, WeightAttrs) and w.trainable for r in pcg.nodes[i].inputs)
+
+
+def segments(pcg: PCG, layout: Sequence[int | None]) -> tuple[tuple[int, ...], ...]:
+    """The activation nodes in contiguous segments (the module docstring).
+
+    A cut may fall before activation node ``a`` where the activations made before ``a``
+    and read from ``a`` on (or by the loss) are as few as anywhere between the first and
+    the last operator that reads a trainable weight. Runs between cuts are then joined so
+    that each segment but the first holds an operator that reads a weight, starting at it."""
+    acts = activation_nodes(pcg, layout)
+    if not acts:
+        return ()
+    at = {i: k for k, i in enumerate(acts)}
+    outputs = {r.node for r in pcg.outputs}
+    alive = np.zeros(len(acts) + 2, dtype=np.int64)   # alive[k]: activations crossing the cut before acts[k]
+    for k, i in enumerate(acts):
+        readers = [at[u] for u, _ in pcg.consumers[i] if u in at]
+        last = len(acts) if i in outputs else max(readers, default=k)
+        if last > k:
+            alive[k + 1] += 1
+            alive[last + 1] -= 1
+    alive = np.cumsum(alive)
+    weighted = [k for k, i in enumerate(acts) if _reads_weight(pcg, i, layout)]
+    if len(weighted) < 2:
+        return (tuple(acts),)
+    least = int(alive[weighted[0] + 1:weighted[-1] + 1].min())
+    cuts = [k for k in range(weighted[0] + 1, weighted[-1] + 1) if alive[k] <= least]
+    runs = [acts[a:b] for a, b in zip([0, *cuts], [*cuts, len(acts)], strict=True) if b > a]
+    out: list[list[int]] = []
+    has_weight = False
+    for run in runs:
+        heavy = any(_reads_weight(pcg, i, layout) for i in run)
+        if out and not (heavy and has_weight):
+            out[-1].extend(run)
+            has_weight = has_weight or heavy
+        else:
+            out.append(list(run))
+            has_weight = heavy
+    return tuple(tuple(s) for s in out)
+
+
+def recomputed(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRef],
+               mode: Recompute) -> tuple[tuple[int, ...], ...]:
+    """Per segment (:func:`segments`, in order), the nodes backward recomputes: under
+    ``full`` those whose gradient flows, but the graph's outputs; none under ``none``."""
+    if mode is Recompute.NONE:
+        return ()
+    outputs = {r.node for r in pcg.outputs}
+    return tuple(tuple(i for i in seg if i not in outputs and
+                       any(TensorRef(i, k) in grads for k in range(len(pcg.nodes[i].outputs))))
+                 for seg in segments(pcg, layout))
