@@ -81,17 +81,27 @@ def shipped_instances():
 def test_each_encoded_kind_means_what_its_kernel_computes(kind, shipped_instances):
     """A shipped rule uses every encoded kind, and the terms its spec writes, run through the
     symbols' meanings, equal the graph's reference semantics on random inputs, at every
-    layout of up to three such rules."""
+    layout of up to three such rules: exactly, but where an Attention's blocked kernel sums
+    its softmax in another order than the chain its terms spell (to float64 rounding)."""
     instances = shipped_instances.get(kind)
     assert instances, f"no shipped rule uses {kind}: nothing shows its terms mean what it computes"
     rng = np.random.default_rng(0)
     s = signature()
+    checked = 0
     for inst in instances:
         values = random_inputs(inst.layout, rng)
         for pcg in (inst.src, inst.dst):
-            got = [np.asarray(evaluate_term(t, values)) for t in terms(pcg, s)]
+            try:
+                got = [np.asarray(evaluate_term(t, values)) for t in terms(pcg, s)]
+            except NotImplementedError:      # an uninterpreted function (a broadcasting product
+                continue                     # at the grouped-query layout) means nothing to check
+            checked += 1
+            blocked = any(n.kind == OpKind.Attention for _, n in pcg)
             for want, term_value in zip(evaluate(pcg, values), got, strict=True):
-                assert np.array_equal(want, term_value), f"{kind}: a term means other than the kernel ({inst.layout})"
+                same = np.allclose(want, term_value, rtol=1e-12, atol=1e-12) if blocked else \
+                    np.array_equal(want, term_value)
+                assert same, f"{kind}: a term means other than the kernel ({inst.layout})"
+    assert checked, f"{kind}: no instance of a shipped rule has terms with a meaning"
 
 
 def test_the_kinds_are_one_enum_and_every_member_has_a_spec():

@@ -43,6 +43,7 @@ class OpKind(StrEnum):
     ``str``, so a kind read from a file is one). A new operator adds its member here and its
     spec in ``ir/ops/``; :func:`register` refuses a spec whose kind is not a member."""
 
+    Attention = "Attention"
     BatchNormalization = "BatchNormalization"
     Binary = "Binary"
     Cast = "Cast"
@@ -285,6 +286,18 @@ def spec_for_onnx(op_type: str) -> OpSpec | None:
 
 def all_specs() -> Mapping[str, OpSpec]:
     return dict(sorted(_REGISTRY.items()))
+
+
+def encode_terms(s: Any, attrs: Any, x: Sequence[Any], ins: Sequence[ParallelTensorShape],
+                 outs: Sequence[ParallelTensorShape]) -> list[Any]:
+    """The verifier's terms of an op's outputs from its inputs' terms ``x``: as its spec writes
+    them (:meth:`OpSpec.encode`), or, where it has none, an uninterpreted function of its
+    attributes (``s.opaque``: equal only to itself applied to equal terms)."""
+    out = spec_of(attrs).encode(s, attrs, x, ins, outs)
+    if out is not None:
+        return out
+    key = attrs_key(attrs)
+    return [s.opaque(f"{key}|{len(x)}|{k}", len(x))(*x) for k in range(len(outs))]
 
 
 OMIT_DEFAULT = "omit_default"

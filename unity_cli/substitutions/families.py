@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..ir.ops.linear import FUSED_ACTIVATIONS
 from ..ir.ops.shape_ops import BATCH_SWAP, MAX_PERMUTED, all_perm_codes, code_perm, inverse_code, perm_code
 from ..ir.opspec import OpKind
+from .attention_rules import attention_rules
 from .parallel_rules import (
     Arg,
     Expr,
@@ -29,6 +30,7 @@ from .parallel_rules import (
     matmul,
     op,
     output,
+    softmax,
     split,
     split_as,
     transpose,
@@ -357,10 +359,6 @@ def layout_rules() -> list[Rule]:
     return out
 
 
-def softmax(x: Arg, axis: int) -> Expr:
-    return op(OpKind.Softmax, x, axis=axis, log=False, flatten=False)
-
-
 def _one_way(r: Rule) -> Rule:
     return Rule(r.inputs, r.params, r.src, r.dst, r.constraints, r.name, {**r.meta, "one_way": True})
 
@@ -381,6 +379,7 @@ def family_rules() -> list[Rule]:
     out += [sibling_matmuls(n, uneven=True) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_gemms(n, uneven=True) for n in range(2, MAX_SIBLINGS + 1)]
     out += [sibling_convs(n, k, p, uneven=True) for k, p in SIBLING_CONVS for n in range(2, MAX_SIBLINGS + 1)]
+    out += attention_rules()
     return [_tagged(r) for r in out]
 
 

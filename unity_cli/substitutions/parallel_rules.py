@@ -47,6 +47,10 @@ def matmul(a: Arg, b: Arg) -> Expr:
     return op(OpKind.MatMul, a, b)
 
 
+def softmax(x: Arg, axis: int) -> Expr:
+    return op(OpKind.Softmax, x, axis=axis, log=False, flatten=False)
+
+
 def unary(fn: str, x: Arg) -> Expr:
     return op(OpKind.Unary, x, fn=fn)
 

@@ -6,8 +6,9 @@
    (unpartitioned ``[4,4]``, ``[6,6]``, ``[2,4,4]`` tensors, with the degrees and
    replicas the rule's constraints ask of its inputs; each parameter bound to 2 or 3
    where the sizes allow; mixed ``[4,4]``/``[4,8]``/``[8,4]`` inputs if nothing else
-   fits). The source must type-check somewhere (with its constraints holding); wherever
-   it does, the target must too, with identical output parallel shapes. This is exact:
+   fits; an Attention's q, k and v also grouped-query, where its products broadcast).
+   The source must type-check somewhere (with its constraints holding); wherever it
+   does, the target must too, with identical output parallel shapes. This is exact:
    which pieces exist is the shape system's business, not z3's.
 2. **numbers** — both sides are evaluated on random integer tensors at every such
    layout; a difference rejects the rule with the counterexample.
@@ -32,7 +33,7 @@ import z3
 from ..errors import ShapeError, UnityError
 from ..ir.dtypes import DType
 from ..ir.ops.sources import InputAttrs
-from ..ir.opspec import OpKind, attrs_key
+from ..ir.opspec import OpKind, encode_terms
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
 from ..ir.shapes import ParallelTensorShape, TensorShape
 from .axioms import Signature, axioms_for, function_symbols, signature
@@ -233,7 +234,34 @@ def candidate_layouts(rule: Rule) -> list[Layout]:
             layout = _constrained(Layout(shapes, binding), rule.constraints)
             if layout is not None:
                 out.append(layout)
-    return out
+    return out + grouped_query_layouts(rule)
+
+
+GROUPED_QUERY = ((2, 2, 4, 4), (2, 1, 4, 4))
+"""An Attention's q, and its k and v, in the grouped-query layout: two query heads per
+key/value head, which they read through a size-1 group axis (the products broadcast)."""
+
+
+def grouped_query_layouts(rule: Rule) -> list[Layout]:
+    """For a rule with an Attention: its q, k and v (or the rule inputs they transpose) in the
+    :data:`GROUPED_QUERY` layout, the other inputs as at base ``[4, 4]``; none without one."""
+    grouped: dict[str, tuple[int, ...]] = {}
+    for side in (rule.src, rule.dst):
+        made = {t: n for n in side.nodes for t in n.outputs}
+        for n in side.nodes:
+            if n.kind != OpKind.Attention:
+                continue
+            for t, dims in zip(n.inputs[:3], (GROUPED_QUERY[0],) + (GROUPED_QUERY[1],) * 2, strict=True):
+                m = made.get(t)
+                t = m.inputs[0] if m is not None and m.kind == OpKind.Transpose else t
+                if t in rule.inputs:
+                    grouped[t] = dims
+    if not grouped:
+        return []
+    shapes = {name: ParallelTensorShape.unpartitioned(TensorShape(grouped[name])) if name in grouped
+              else _input_shape(rule, name, BASES[0]) for name in rule.inputs}
+    layout = _constrained(Layout(shapes, _bindings(rule)[0]), rule.constraints)
+    return [] if layout is None else [layout]
 
 
 def unequal_layouts(rule: Rule, layouts: Sequence[Layout]) -> list[Layout]:
@@ -322,12 +350,12 @@ def _input_shape(rule: Rule, name: str, base: tuple[int, ...]) -> ParallelTensor
                     1: (n, n // groups) + tuple(kernel), 2: (n,)}[pos]
             return ParallelTensorShape.unpartitioned(TensorShape(dims))
     rank = next((c.rhs for c in rule.constraints if c.kind == "EQUAL" and c.lhs == ("rank", name)
-                 and isinstance(c.rhs, int) and c.rhs >= 1), None)
+                 and isinstance(c.rhs, int) and c.rhs >= 0), None)
     moved = max((len(n.attr("perm")) for n in rule.src.nodes + rule.dst.nodes
                  if n.kind == OpKind.Transpose and name in n.inputs), default=0)
     if rank is None and moved > 2:   # a transpose of 3 or 4 dims: sizes all different
         return ParallelTensorShape.unpartitioned(TensorShape(tuple(range(2, 2 + max(moved, len(base))))))
-    rank = rank or len(base)
+    rank = len(base) if rank is None else rank
     dims = (2,) * (rank - len(base)) + base[-rank:] if rank > len(base) else base[len(base) - rank:]
     return ParallelTensorShape.unpartitioned(TensorShape(dims))   # of the rank a constraint asks
 
@@ -524,8 +552,4 @@ def terms(pcg: PCG, s: Signature | None = None) -> list[z3.ExprRef]:
 def encode(s: Signature, n: Node, x: list[z3.ExprRef], ins: list[ParallelTensorShape]) -> list[z3.ExprRef]:
     """The terms of one node's outputs from its inputs' terms: as its spec writes them
     (``OpSpec.encode``), or an uninterpreted function of its attributes where it has none."""
-    out = n.spec.encode(s, n.op, x, ins, n.outputs)
-    if out is not None:
-        return out
-    key = attrs_key(n.op)
-    return [s.opaque(f"{key}|{len(x)}|{k}", len(x))(*x) for k in range(len(n.outputs))]
+    return encode_terms(s, n.op, x, ins, n.outputs)
