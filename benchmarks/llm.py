@@ -10,13 +10,20 @@ batch of sequences per optimizer step. Beside unity's plan (``--strategy best``)
 with ``--strategy``:
 
 * Megatron-style tensor parallelism inside each node and data parallelism across nodes
-  (``tp=8,dp=N/8``), and the same with a distributed optimizer (``...,zero=1``, Megatron-LM's
-  ``--use-distributed-optimizer``);
+  (``tp=8,dp=N/8``), the same with a distributed optimizer (``...,zero=1``, Megatron-LM's
+  ``--use-distributed-optimizer``), and with it full activation recomputation
+  (``...,recompute=full``, as NeMo trains Llama-2-70B);
 * each with one sequence per data-parallel replica per micro-batch (``mb = batch / (N/8)``),
-  as practitioners run it.
+  as practitioners run it;
+* sharded data parallelism alone: every GPU a replica, weights, gradients and optimizer
+  state sharded, full recomputation (``tp=1,dp=N,zero=3,...,recompute=full``: PyTorch FSDP's
+  ``FULL_SHARD`` with activation checkpointing), one sequence per GPU per micro-batch.
 
-unity is given the same micro-batches (``--micro-batches``), so one search per point: the
-search chooses the rest (the parallelization, ZeRO-1 or not). Every configuration is priced
+On one node ``tp=8,dp=1`` is pure tensor parallelism; across nodes pure tensor parallelism
+(``tp=N``) has more ways than the models have heads, so it is not a row.
+
+unity's search (``--strategy best``) chooses everything: the parallelization, the ZeRO
+stage, the micro-batches and recomputation. Every configuration is priced
 at its best placement (tensor-parallel groups inside nodes, or across them). Columns: the
 step time, the memory of the busiest device, and MFU = 6 x parameters x tokens per step /
 (step time x GPUs x the GPU's bfloat16 peak). Step times and memory are predictions.
@@ -77,14 +84,12 @@ class Row:
     note: str = ""
 
 
-def price(model: Path, p: Point, strategy: str, micro: int, max_candidates: int | None) -> Row:
-    """One ``unity optimize`` of ``p`` with ``strategy`` (and ``micro`` micro-batches)."""
+def price(model: Path, p: Point, strategy: str, max_candidates: int | None) -> Row:
+    """One ``unity optimize`` of ``p`` with ``strategy``."""
     cluster = f"dgx-a100-80:{p.gpus}"
     with tempfile.TemporaryDirectory() as tmp:
         args = ["optimize", str(model), "--cluster", cluster, "--batch-size", str(p.batch), "--dtype", "bfloat16",
                 "--out", str(Path(tmp) / "plan.json"), "--json", "--strategy", strategy]
-        if strategy == "best":
-            args += ["--micro-batches", str(micro)]
         if max_candidates:
             args += ["--max-candidates", str(max_candidates)]
         t0 = time.monotonic()
@@ -106,7 +111,9 @@ def price(model: Path, p: Point, strategy: str, micro: int, max_candidates: int 
         chosen = doc["strategy"]
         rows = doc["baselines"]
         extra = rows[chosen]
-        name = f"unity ({chosen}{', ZeRO-1' if extra.get('zero') else ''})"
+        shape = [f"mb={extra.get('micro_batches', 1)}"] + ([f"ZeRO-{extra['zero']}"] if extra.get("zero") else [])
+        shape += [f"{extra['recompute']} recompute"] if extra.get("recompute") else []
+        name = f"unity ({', '.join([chosen, *shape])})"
     return Row(p.key, p.model, p.gpus, p.batch, name, step, max(pred["memory_bytes"]), fits, mfu, seconds,
                "" if fits else pred.get("infeasible", ""))
 
@@ -114,12 +121,14 @@ def price(model: Path, p: Point, strategy: str, micro: int, max_candidates: int 
 def run(p: Point, max_candidates: int | None) -> list[Row]:
     dp = max(1, p.gpus // 8)
     micro = p.batch // dp
-    hand = [f"tp=8,dp={dp},mb={micro}", f"tp=8,dp={dp},zero=1,mb={micro}"]
+    hand = [f"tp=8,dp={dp},mb={micro}", f"tp=8,dp={dp},zero=1,mb={micro}",
+            f"tp=8,dp={dp},zero=1,mb={micro},recompute=full",
+            f"tp=1,dp={p.gpus},zero=3,mb={p.batch // p.gpus},recompute=full"]
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / f"{p.model}.onnx"
         zoo.write(p.model, model, "paper", weights=False)
-        rows = [price(model, p, s, micro, max_candidates) for s in hand]
-        rows.append(price(model, p, "best", micro, max_candidates))
+        rows = [price(model, p, s, max_candidates) for s in hand]
+        rows.append(price(model, p, "best", max_candidates))
     return rows
 
 
@@ -142,7 +151,7 @@ def markdown(rows: list[Row], header: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", default="7b-8,7b-64", help=f"comma-separated, of {', '.join(POINTS)}")
+    ap.add_argument("--points", default=",".join(POINTS), help=f"comma-separated, of {', '.join(POINTS)}")
     ap.add_argument("--max-candidates", type=int, help="the searches' work count (default: the optimizer's)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "llm.md"),
                     help="where the table goes (and its rows, as .json beside it); '' for stdout only")
@@ -153,8 +162,7 @@ def main() -> None:
         ap.error(f"--points: unknown {', '.join(bad)} (choose from {', '.join(POINTS)})")
     header = ("paper-scale zoo models, shape-only; sequence 2048, bfloat16, Adam; dgx-a100-80:N (8 A100-80GB per "
               "node, NVLink3 inside, 8 x 200 Gb/s InfiniBand across); predicted step times; MFU against 312 "
-              "TFLOP/s; unity searched with the hand-written configurations' micro-batches "
-              f"({args.max_candidates or 'default'} candidates)")
+              f"TFLOP/s; unity's search chose the micro-batches too ({args.max_candidates or 'default'} candidates)")
     load0 = os.getloadavg()
     started = time.monotonic()
     rows: list[Row] = []

@@ -217,11 +217,12 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
                    "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,mb=K][,recompute=R] (tensor parallel T ways on "
                    "consecutive devices, data parallel D ways across the groups, T*D = the cluster's device "
                    "count; ZeRO stage Z, K micro-batches per step, recomputation none or full)")
-@click.option("--zero", type=click.Choice(["auto", "0", "1", "2"]), default="auto", show_default=True,
+@click.option("--zero", type=click.Choice(["auto", "0", "1", "2", "3"]), default="auto", show_default=True,
               help="ZeRO stage of the data-parallel replicas: 0 (every replica keeps everything) | 1 (optimizer "
                    "state sharded: gradients reduce-scattered, weights all-gathered after the update) | 2 (the "
-                   "gradients sharded too: reduce-scattered after every micro-batch) | auto (the searches try 1 "
-                   "where it prices faster, and each stage where nothing fits without).")
+                   "gradients sharded too: reduce-scattered after every micro-batch) | 3 (the weights too: each "
+                   "gathered before each pass that reads it) | auto (the searches try 1 where it prices faster, "
+                   "and each stage where nothing fits without).")
 @click.option("--micro-batches", "micro_batches", default="auto", show_default=True, metavar="auto|K",
               help="Micro-batches per optimizer step (gradient accumulation; --batch-size stays the global "
                    "batch): K | auto (1, more only where no plan fits in memory).")

@@ -10,14 +10,16 @@ import pytest
 from models.catalog import EXPORTED_DIR, absent_initializer, mlp_model
 from onnx import TensorProto
 
+from unity_cli import zoo
 from unity_cli.cluster import Link, load_cluster
 from unity_cli.cluster.collectives import Collective
 from unity_cli.cost.comm import collective_time, group_link, groups_time
 from unity_cli.cost.model import CostConfig, Optimizer, estimate, sync_copy_seconds, update_seconds
 from unity_cli.ir import DType
 from unity_cli.ir.ops.sources import WeightAttrs
+from unity_cli.ir.recompute import Recompute
 from unity_cli.ir.training import Training
-from unity_cli.onnx_import import ImportOptions, import_model
+from unity_cli.onnx_import import ImportOptions, import_model, import_model_proto
 from unity_cli.search.baselines import data_parallel, tensor_parallel
 from unity_cli.search.optimize import evaluate
 from unity_cli.search.views import default_views
@@ -247,6 +249,37 @@ def test_zero2_shards_the_gradients_and_reduce_scatters_each_micro_batch(tiny_ml
         devices
     assert two.step_time >= one.step_time
     assert two.training == Training(2, micro)
+
+
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_zero3_shards_the_weights_but_a_reader_keeps_its_gathered_copy(tiny_mlp, dgx8, devices):
+    """ZeRO-3 against ZeRO-2: each replica keeps 1/d of each weight (each weight its own
+    padded unit), and where its reader is not recomputed (the runtime's context keeps the
+    gathered weight until backward) the whole weight as well; the bytes are each weight's
+    reduce-scatter and one gather per micro-batch, no gather after the update."""
+    pcg = import_model(tiny_mlp, ImportOptions(12)).pcg
+    two = _dp(pcg, dgx8.first(devices), CostConfig(training=Training(2))).report
+    three = _dp(pcg, dgx8.first(devices), CostConfig(training=Training(3))).report
+    per_weight = [16 * 32, 32 * 8]
+    shards = sum(-(-w * 4 // devices) for w in per_weight)
+    assert [b - a for a, b in zip(two.memory, three.memory)] == [shards] * devices
+    plain = _dp(pcg, dgx8.first(devices)).report
+    padded = sum(-(-w // devices) for w in per_weight)          # per weight, not one flat buffer
+    assert [b - a for a, b in zip(plain.comm_bytes, three.comm_bytes)] == \
+        [2 * (devices - 1) * padded * 4 - round(Fraction(2 * (devices - 1) * PARAMS * 4, devices))] * devices
+    assert three.training == Training(3)
+
+
+def test_zero3_with_recomputation_keeps_shards_alone():
+    """On the small GPT over 4 replicas: with every reader of a block's weights recomputed,
+    ZeRO-3 keeps a block weight's shard alone, so it holds less than ZeRO-2 there, and pays
+    a second gather per micro-batch for each such weight."""
+    cluster = load_cluster(SPECS / "dgx-a100-8.yaml").first(4)
+    pcg = import_model_proto(zoo.build("gpt3-175b", "small", 4).model, ImportOptions(4)).pcg
+    reports = {z: _dp(pcg, cluster, CostConfig(training=Training(z, 1, Recompute.FULL))).report for z in (2, 3)}
+    parts = {z: r.memory for z, r in reports.items()}
+    assert max(parts[3]) < max(parts[2])
+    assert sum(reports[3].comm_bytes) > sum(reports[2].comm_bytes)
 
 
 def test_tensor_parallel_memory_by_hand(tiny_mlp, dgx8):

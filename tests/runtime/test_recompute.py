@@ -125,7 +125,8 @@ CASES = [("mlp", "tp=1,dp=2,recompute=full", 2, 8),
          ("bert_tiny", "tp=2,dp=1,recompute=full", 2, 4),
          ("bert_tiny", "tp=2,dp=2,zero=2,mb=2,recompute=full", 4, 8),
          ("convnet_tiny", "tp=1,dp=3,recompute=full", 3, 6),
-         ("llama2-70b", "tp=2,dp=2,mb=2,recompute=full", 4, 8)]
+         ("llama2-70b", "tp=2,dp=2,mb=2,recompute=full", 4, 8),
+         ("gpt3-175b", "tp=1,dp=3,zero=3,mb=2,recompute=full", 3, 6)]
 
 
 def _model(plans, tmp_path, name: str):

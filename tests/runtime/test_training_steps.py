@@ -1,5 +1,5 @@
-"""Steps of several micro-batches, and ZeRO-1 (optimizer state sharded over the replicas), on
-real MPI ranks: each trains like one process (``--check``: k micro-batches of b against one
+"""Steps of several micro-batches, and ZeRO 1-3 (optimizer state, gradients and weights sharded
+over the replicas), on real MPI ranks: each trains like one process (``--check``: k micro-batches of b against one
 batch of k*b), sends exactly the bytes its plan predicts, and a wrong gradient is caught."""
 from __future__ import annotations
 
@@ -39,7 +39,10 @@ CASES = [("bert_tiny", "tp=1,dp=2,zero=1", 2, 4),
          ("convnet_tiny", "tp=3,dp=1,zero=1", 3, 6),
          ("bert_tiny", "tp=1,dp=3,zero=2,mb=2", 3, 6),
          ("bert_tiny", "tp=2,dp=2,zero=2,mb=3", 4, 12),
-         ("convnet_tiny", "tp=1,dp=2,zero=2", 2, 4)]
+         ("convnet_tiny", "tp=1,dp=2,zero=2", 2, 4),
+         ("bert_tiny", "tp=1,dp=3,zero=3,mb=2", 3, 6),
+         ("bert_tiny", "tp=2,dp=2,zero=3", 4, 4),
+         ("convnet_tiny", "tp=1,dp=4,zero=3,mb=2", 4, 8)]
 
 
 @pytest.mark.parametrize("model,strategy,ranks,batch", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -96,7 +99,7 @@ def test_micro_batches_train_as_one_batch(tmp_path):
     assert runs["micro"][0]["comm_bytes"]["measured"] == runs["micro"][0]["comm_bytes"]["predicted"]
 
 
-@pytest.mark.parametrize("zero", [1, 2])
+@pytest.mark.parametrize("zero", [1, 2, 3])
 def test_a_wrong_gradient_share_is_caught_under_zero(plans, tmp_path, zero):
     """One rank's gradient 1 % off before the reduce-scatter: --check fails and names a weight."""
     plan = tmp_path / "plan.json"
@@ -137,7 +140,7 @@ def test_the_search_takes_micro_batches_where_nothing_fits_without(tmp_path):
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and not (tmp_path / "no.json").exists()
 
 
-@pytest.mark.parametrize("text,needle", [("tp=1,dp=2,zero=3", "ZeRO stages built are 0, 1, 2"),
+@pytest.mark.parametrize("text,needle", [("tp=1,dp=2,zero=4", "ZeRO stages built are 0, 1, 2, 3"),
                                          ("tp=1,dp=2,mb=0", "at least 1"),
                                          ("tp=1,dp=2,mb=²", "expected tp=T,dp=D"),
                                          ("tp=1,dp=2,recompute=sometimes", "recompute=sometimes: expected one of"),

@@ -89,16 +89,18 @@ SMALL = [
 CLUSTERS = [(1, 2), (1, 4), (1, 6), (2, 3), (3, 2), (2, 2)]
 
 
-STEPS = [Training(), Training(1, 3), Training(2, 3, Recompute.FULL)]
+STEPS = [Training(), Training(1, 3), Training(2, 3, Recompute.FULL), Training(3, 2), Training(3, 2, Recompute.FULL)]
 
 
 @pytest.mark.parametrize("name,make", SMALL, ids=[s[0] for s in SMALL])
 @pytest.mark.parametrize("shape", CLUSTERS, ids=[f"{a}x{b}" for a, b in CLUSTERS])
-@pytest.mark.parametrize("step", STEPS, ids=["plain", "zero1-mb3", "zero2-mb3-recompute"])
+@pytest.mark.parametrize("step", STEPS, ids=["plain", "zero1-mb3", "zero2-mb3-recompute", "zero3-mb2",
+                                             "zero3-mb2-recompute"])
 def test_solver_equals_brute_force(name, make, shape, step):
     """With the step's options too (ZeRO-1 shrinks a replicated weight's optimizer state and
     update; micro-batches multiply compute and resharding, not the sync, but ZeRO-2's
-    reduce-scatter; recomputation pays a second forward and keeps less)."""
+    reduce-scatter and ZeRO-3's gathers; recomputation pays a second forward and keeps less,
+    and under ZeRO-3 a second gather, where a weight's shard is then all it keeps)."""
     pcg = make()
     c = cluster(*shape)
     for mesh in factorizations(c.num_devices):

@@ -35,7 +35,7 @@ from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
-from ..ir.recompute import recomputed
+from ..ir.recompute import recomputed, weight_passes
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, needs_grad, stored_layout
 from ..ir.shapes import ParallelTensorShape
 from ..ir.training import Training, WeightBytes
@@ -153,6 +153,11 @@ class CostContext:
     def recomputed(self) -> tuple[tuple[int, ...], ...]:
         """The nodes backward recomputes, per segment (``ir/recompute.py``)."""
         return recomputed(self.pcg, self.layout, self.structure.grads, self.config.training.recompute)
+
+    @functools.cached_property
+    def weight_passes(self) -> dict[int, tuple[tuple[int, ...], ...]]:
+        """Per trainable weight, the passes of a micro-batch that read it (``ir/recompute.py``)."""
+        return weight_passes(self.pcg, self.layout, self.recomputed)
 
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
@@ -299,17 +304,24 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     costs = [replace(c, compute_bwd=c.compute_bwd + c.compute_fwd, comm_bwd=c.comm_bwd + c.comm_fwd)
              if i in again else c for i, (c, _) in enumerate(priced)]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
-    flat = sync_buckets(pcg, weights, 0)
+    flat = sync_buckets(pcg, weights, 0, train.zero)
+    gathers = _gathers(ctx, flat)
+    for first, fwd, seconds in gathers:     # ZeRO-3: a pass waits for its weight's gather
+        c = costs[first]
+        costs[first] = replace(c, comm_fwd=c.comm_fwd + seconds) if fwd else replace(c, comm_bwd=c.comm_bwd + seconds)
     # Bytes: each micro-batch's moves (a recomputed node's forward ones twice), and the sync's
-    # calls once per step (ir/buckets.sync_calls, which the runtime makes): per weight and per
-    # bucket the same for an all-reduce, but ZeRO's shards are padded per bucket.
+    # calls (ir/buckets.sync_calls, which the runtime makes) as often as they run: per weight
+    # and per bucket the same for an all-reduce, but ZeRO's shards are padded per bucket.
     sent = sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != Phase.SYNC), train.micro_batches),
                                ((m for i in sorted(again) for m in priced[i][1] if m.phase == Phase.FWD),
                                 train.micro_batches),
                                ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
-                                 if c.when is not SyncWhen.MICRO_BATCH), 1),
+                                 if c.when in (SyncWhen.SYNC, SyncWhen.AFTER_UPDATE)), 1),
                                ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
-                                 if c.when is SyncWhen.MICRO_BATCH), train.micro_batches)],
+                                 if c.when is SyncWhen.MICRO_BATCH), train.micro_batches),
+                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
+                                 if c.when is SyncWhen.BEFORE_USE for _ in ctx.weight_passes[b.weights[0]]),
+                                train.micro_batches)],
                               cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
@@ -376,6 +388,21 @@ def _call_move(c) -> Move:
 
 def _shifted(e: Event, by: float) -> Event:
     return e if by == 0 else replace(e, start=e.start + by, end=e.end + by)
+
+
+def _gathers(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[tuple[int, bool, float]]:
+    """ZeRO-3's gathers of one micro-batch (``SyncWhen.BEFORE_USE``), each as the node whose
+    pass waits for it (the pass's first reader of the weight), whether that is the forward
+    pass (else a recompute, in backward), and its seconds. Not yet overlapped with the
+    compute before it (the runtime gathers when the pass reaches the reader)."""
+    out = []
+    for b in flat:
+        for c in sync_calls(b, ctx.config.training.zero):
+            if c.when is not SyncWhen.BEFORE_USE:
+                continue
+            seconds = phase_seconds([_call_move(c)], ctx.cluster, ctx.config.profile)[Phase.SYNC]
+            out += [(readers[0], k == 0, seconds) for k, readers in enumerate(ctx.weight_passes[b.weights[0]])]
+    return out
 
 
 def _at_once_events(ctx: CostContext, flat: Sequence[SyncBucket], start: float, when: SyncWhen) -> list[Event]:
@@ -663,6 +690,15 @@ def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[i
         if src is not None and isinstance(pcg.nodes[src].op, WeightAttrs) and pcg.nodes[src].op.trainable:
             for part, nbytes in per_param.breakdown(shape.piece.numel, shape.copy_degree, zero).items():
                 np.add.at(acc[part], at, nbytes)
+            if zero >= 3 and shape.copy_degree > 1:
+                # ZeRO-3's gathered copy: kept from forward to backward by a reader that is not
+                # recomputed (its context), else alive while a recompute of its readers runs
+                gathered = per_param.weight * shape.piece.numel
+                readers = [u for u, _ in pcg.consumers[i] if layout[u] is None]
+                if any(u not in segment for u in readers):
+                    np.add.at(acc["weights"], at, gathered)
+                for s in {segment[u] for u in readers if u in segment}:
+                    np.add.at(workspace[s], at, gathered)
             continue
         out = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
                                    not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)

@@ -69,7 +69,8 @@ class SyncCallKind(Enum):
 class SyncWhen(Enum):
     """When in a step a sync call runs."""
 
-    MICRO_BATCH = "micro_batch"    # at the end of every micro-batch's backward (ZeRO-2)
+    BEFORE_USE = "before_use"      # before each pass that reads the weight, every micro-batch (ZeRO-3)
+    MICRO_BATCH = "micro_batch"    # at the end of every micro-batch's backward (ZeRO-2, -3)
     SYNC = "sync"                  # once, after the last micro-batch's backward
     AFTER_UPDATE = "after_update"  # once, after the optimizer's update
 
@@ -87,16 +88,17 @@ class SyncCall:
 
 
 def sync_calls(bucket: SyncBucket, zero: int) -> tuple[SyncCall, ...]:
-    """The calls of one bucket under ZeRO stage ``zero`` (``ir/training.py``), in order: an
+    """The calls of one bucket under ZeRO stage ``zero`` (``ir/training.py``): an
     all-reduce in the sync; or a reduce-scatter of the padded flat buffer (in the sync, or
-    under ZeRO-2 at the end of every micro-batch), then, after the update on the shard, an
-    all-gather of the weights."""
+    from ZeRO-2 on at the end of every micro-batch) and an all-gather of the weights (after
+    the update on the shard, or under ZeRO-3 before each pass that reads the weight)."""
     if zero == 0:
         return (SyncCall(SyncCallKind.ALL_REDUCE, bucket.group, bucket.nbytes),)
     shard = bucket.shard() * bucket.itemsize
     when = SyncWhen.MICRO_BATCH if zero >= 2 else SyncWhen.SYNC
+    gather = SyncWhen.BEFORE_USE if zero >= 3 else SyncWhen.AFTER_UPDATE
     return (SyncCall(SyncCallKind.REDUCE_SCATTER, bucket.group, shard, when),
-            SyncCall(SyncCallKind.ALL_GATHER, bucket.group, shard, SyncWhen.AFTER_UPDATE))
+            SyncCall(SyncCallKind.ALL_GATHER, bucket.group, shard, gather))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +120,11 @@ def ready_index(pcg: PCG, residents: Iterable[int]) -> int:
     return min((u for r in residents for u, _ in pcg.consumers[r]), default=len(pcg))
 
 
-def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int) -> tuple[SyncBucket, ...]:
+def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zero: int = 0
+                 ) -> tuple[SyncBucket, ...]:
     """The gradient sync's all-reduces, in the order a rank issues them (see the module
-    docstring); ``weights`` in plan order. Every rank computes the same tuple."""
+    docstring); ``weights`` in plan order. Every rank computes the same tuple. Under ZeRO-3
+    (``zero``) each weight is its own bucket (the unit gathered before it is read)."""
     if bucket_bytes < 0:
         raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
     members: dict[tuple[Group, str], list[tuple[int, int, int, int]]] = {}
@@ -133,7 +137,7 @@ def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int) -> 
     for (group, dtype), ms in members.items():
         if bucket_bytes == 0:
             ms.sort(key=lambda m: m[1])
-            chunks = [ms]
+            chunks = [[m] for m in ms] if zero >= 3 else [ms]
         else:
             ms.sort()
             chunks, acc = [[]], 0

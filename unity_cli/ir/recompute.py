@@ -96,3 +96,22 @@ def recomputed(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRe
     return tuple(tuple(i for i in seg if i not in outputs and
                        any(TensorRef(i, k) in grads for k in range(len(pcg.nodes[i].outputs))))
                  for seg in segments(pcg, layout))
+
+
+def weight_passes(pcg: PCG, layout: Sequence[int | None], again: Sequence[Sequence[int]]
+                  ) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """Per trainable weight (its source node) that something reads, the passes of a
+    micro-batch that read it, each as its readers in order: the forward pass (every
+    activation node that reads one of its layouts), then the recompute of each segment of
+    ``again`` (:func:`recomputed`) that holds a reader. Under ZeRO-3 each pass gathers the
+    weight before its first reader and frees it after its last (``ir/training.py``)."""
+    readers: dict[int, list[int]] = {}
+    for i in activation_nodes(pcg, layout):
+        for w in sorted({layout[r.node] for r in pcg.nodes[i].inputs if layout[r.node] is not None}):
+            if isinstance(op := pcg.nodes[w].op, WeightAttrs) and op.trainable:
+                readers.setdefault(w, []).append(i)
+    out = {}
+    for w, rs in readers.items():
+        read = set(rs)
+        out[w] = (tuple(rs), *(tuple(i for i in seg if i in read) for seg in again if read & set(seg)))
+    return out

@@ -25,6 +25,14 @@ ZeRO stages (Rajbhandari et al., SC'20), as built:
   the end of its backward and added into the member's shard, so no replica keeps a whole
   gradient from one micro-batch to the next. With ``k`` micro-batches it sends ``k``
   reduce-scatters where stage 1 sends one (DeepSpeed's stage 2 does the same).
+* 3: the weights are sharded too (FSDP's ``FULL_SHARD``): each weight is its own unit,
+  padded to equal shards; each member keeps its shard and its optimizer state, all-gathers
+  the weight before each pass that reads it (forward, and each recompute of a segment that
+  reads it, ``ir/recompute.py``) and frees it after the pass's last reader; its gradient is
+  reduce-scattered every micro-batch, and the update runs on the shard (nothing is gathered
+  after it). A reader whose context keeps its inputs for backward (one that is not
+  recomputed) keeps the gathered weight until then, so only weights whose readers are all
+  recomputed are held as shards alone through the step.
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ from dataclasses import dataclass
 from .dtypes import DType
 from .recompute import Recompute
 
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
 """The ZeRO stages unity plans and runs (see the module docstring)."""
 
 
@@ -95,7 +103,8 @@ class WeightBytes:
     Megatron-LM's main grads), and an fp32 master and the states are kept for the update:
     2 + 4 + 4 + 8 = 18 with Adam. ZeRO-1 shards the master and the states: with Adam,
     ``4 + 4 + 8/d`` (float32) or ``2 + 4 + 12/d`` (mixed) over ``d`` replicas; ZeRO-2 the
-    gradient too: ``4 + 12/d`` or ``2 + 16/d``.
+    gradient too: ``4 + 12/d`` or ``2 + 16/d``; ZeRO-3 the weight too: ``16/d`` or ``18/d``
+    (and the gathered weight where a reader keeps it: ``cost/model.memory_account``).
     """
 
     weight: int       # the copy the kernels read
@@ -110,14 +119,16 @@ class WeightBytes:
 
     def breakdown(self, numel: int, replicas: int, zero: int) -> dict[str, int]:
         """The bytes a device holds for ``numel`` parameters that ``replicas`` devices keep
-        alike, by part: weights, gradients (from ZeRO-2 on, this replica's shard), optimizer
-        (master and states: from ZeRO-1 on, this replica's shard)."""
-        opt, grad = (self.master + self.states) * numel, self.grad * numel
+        alike, by part: weights (from ZeRO-3 on, this replica's shard), gradients (from
+        ZeRO-2 on, its shard), optimizer (master and states: from ZeRO-1 on, its shard)."""
+        weight, grad, opt = self.weight * numel, self.grad * numel, (self.master + self.states) * numel
         if zero >= 1:
             opt = shard_elements(opt, replicas)
         if zero >= 2:
             grad = shard_elements(grad, replicas)
-        return {"weights": self.weight * numel, "gradients": grad, "optimizer": opt}
+        if zero >= 3:
+            weight = shard_elements(weight, replicas)
+        return {"weights": weight, "gradients": grad, "optimizer": opt}
 
     def per_device(self, numel: int, replicas: int, zero: int) -> int:
         """:meth:`breakdown`'s parts added up."""

@@ -10,6 +10,7 @@ from ..cluster.units import format_bytes as fmt_bytes
 from ..cost.model import estimate, layout_sources, memory_account, weight_syncs
 from ..cost.moves import Structure, node_moves
 from ..ir.buckets import sync_buckets
+from ..ir.recompute import Recompute
 from ..plan.config import plan_config
 from ..plan.plan import Plan
 from ..runtime.phases import predicted_phases_ms
@@ -60,9 +61,12 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     micro = {b.get("micro_batches", 1) for b in plan.baselines.values()}
     if micro != {1} and len(micro) == 1:
         lines.append(f"  every row: {micro.pop()} micro-batches of {plan.model.get('batch_size')} per step")
-    sharded = [name for name, b in plan.baselines.items() if b.get("zero")]
-    if sharded:
-        lines.append(f"  with ZeRO-1 (optimizer state sharded over the replicas): {', '.join(sharded)}")
+    for z in sorted({b["zero"] for b in plan.baselines.values() if b.get("zero")}):
+        names = [name for name, b in plan.baselines.items() if b.get("zero") == z]
+        lines.append(f"  with ZeRO-{z} ({ZERO_WORDS[z]}): {', '.join(names)}")
+    again = [name for name, b in plan.baselines.items() if b.get("recompute")]
+    if again:
+        lines.append(f"  recomputing activations in backward: {', '.join(again)}")
     # What each uniform hybrid row is (which tp=T,dp=D, which ops stayed replicated in their group).
     lines += [f"  {b['description']}" if b["description"].startswith(name) else f"  {name}: {b['description']}"
               for name, b in plan.baselines.items()
@@ -113,7 +117,7 @@ def sync_summary(plan: Plan) -> dict[str, int]:
     in all, and its ZeRO stage."""
     st = Structure.of(plan.pcg, plan.cluster.num_devices)
     moves = [node_moves(st, i, plan.views) if i in st.sync else () for i in range(len(plan.pcg))]
-    buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes)
+    buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes, plan.training.zero)
     return {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
             "bytes": sum(b.nbytes for b in buckets), "zero": plan.training.zero}
 
@@ -128,8 +132,16 @@ def step_text(plan: Plan) -> str:
         parts.append(f"{whole}{t.micro_batches} micro-batches of {batch or '?'}, gradients accumulated, "
                      "one sync and update per step")
     if t.zero:
-        parts.append("ZeRO-1: each weight's optimizer state (and fp32 master) sharded over its replicas")
+        parts.append(f"ZeRO-{t.zero}: {ZERO_WORDS[t.zero]}")
+    if t.recompute is not Recompute.NONE:
+        parts.append(f"{t.recompute} recomputation: each segment's forward run again in backward, its input kept")
     return "; ".join(parts)
+
+
+ZERO_WORDS = {1: "each weight's optimizer state (and fp32 master) sharded over its replicas",
+              2: "optimizer state and gradients sharded over the replicas",
+              3: "weights, gradients and optimizer state sharded over the replicas"}
+"""What each ZeRO stage shards, in the summary's words (``ir/training.py``)."""
 
 
 def memory_breakdown(plan: Plan) -> dict[str, int]:
@@ -179,9 +191,14 @@ def placement_text(group: Mapping, shown: int = 3, width: int = 40) -> str:
 
 def sync_text(sync: Mapping[str, int]) -> str:
     n, size = sync["all_reduces"], fmt_bytes(sync["bytes"])
-    if sync.get("zero"):
-        return (f"{n} reduce-scatter{'s' * (n != 1)} of {size} of gradients in all, after backward, each member "
-                f"updating its shard, then as many all-gathers of the updated weights (ZeRO-1)")
+    z = sync.get("zero", 0)
+    if z >= 3:
+        return (f"{n} weights each gathered before each pass that reads it and its gradient reduce-scattered "
+                f"after every micro-batch ({size} in all), each member updating its shard (ZeRO-3)")
+    if z:
+        when = "after every micro-batch" if z >= 2 else "after backward"
+        return (f"{n} reduce-scatter{'s' * (n != 1)} of {size} of gradients in all, {when}, each member "
+                f"updating its shard, then as many all-gathers of the updated weights (ZeRO-{z})")
     if not sync["bucket_bytes"]:
         return (f"{n} all-reduce{'s' * (n != 1)} of {size} of gradients in all, after backward "
                 f"(one flat buffer per group of devices)")

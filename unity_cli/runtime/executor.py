@@ -109,6 +109,8 @@ class Executor:
         self.mine = [self._plan_step(k, s) for k, s in enumerate(program.steps)]
         self.order = StepOrder.of(program, training.recompute)
         self._free = [[r for r in m.free if r not in self.order.kept] for m in self.mine]
+        self._unit_refs = {w: [TensorRef(node) for node, _, _ in params._by_node[w].pieces[self.me]]
+                           for w in params.units}     # ZeRO-3: each gathered weight's resident pieces
         self._resident = params.residents()
         self._cut: dict[tuple, Any] = {}           # constants' pieces, cut once
         self._fed: dict[Any, Any] = {}             # this step's inputs' pieces
@@ -193,7 +195,11 @@ class Executor:
         order = self.order
         loss = 0.0
         t0 = time.perf_counter()
-        for act, k in order.actions:
+        units = self.params.units
+        for j, (act, k) in enumerate(order.actions):
+            for w in order.first_use.get(j, ()) if units else ():     # ZeRO-3: gathered for the pass
+                if w in units:
+                    self.values.update(self.params.gather_unit(w))
             match act:
                 case Action.FORWARD:
                     if fault and k == half:
@@ -219,11 +225,15 @@ class Executor:
                     if bucketed:   # the buckets whose gradients are whole start their all-reduce
                         self.params.backward_passed(self.mine[k - 1].step.node if k else -1, self.grads)
                 case Action.DROP:
-                    for j in order.segments[k]:
-                        for o in range(len(self.p.pcg.nodes[self.mine[j].step.node].outputs)):
-                            self.values.pop(TensorRef(self.mine[j].step.node, o), None)
+                    for i in order.segments[k]:
+                        for o in range(len(self.p.pcg.nodes[self.mine[i].step.node].outputs)):
+                            self.values.pop(TensorRef(self.mine[i].step.node, o), None)
                 case _:
                     assert_never(act)
+            for w in order.last_use.get(j, ()) if units else ():      # and freed after it
+                if w in units:
+                    for ref in self._unit_refs[w]:
+                        self.values.pop(ref, None)
         if self.timings is not None:
             self.pass_seconds.setdefault("bwd", []).append(time.perf_counter() - t0)
         self.values = {}
@@ -616,9 +626,13 @@ def planned_calls(p: Program, me: int, size: int, training: Training = Training(
     # ParamStore's gradient sync, per flat bucket (ir/buckets.py) this rank is in: under ZeRO-2
     # a reduce-scatter at the end of each micro-batch; then those of the sync (an all-reduce,
     # or a reduce-scatter), and after the update the rest (ZeRO's all-gathers)
-    mine = [c for b in sync_buckets(p.pcg, weight_syncs(p), 0) if me in b.group for c in sync_calls(b, training.zero)]
+    buckets = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0, training.zero) if me in b.group]
+    mine = [c for b in buckets for c in sync_calls(b, training.zero)]
     each = [c for c in mine if c.when is SyncWhen.MICRO_BATCH]
-    calls = (_micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute)) + _sync_calls(each)) \
+    # ZeRO-3: each weight gathered before each pass that reads it
+    gathers = {b.weights[0]: _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.BEFORE_USE])
+               for b in buckets}
+    calls = (_micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute), gathers) + _sync_calls(each)) \
         * training.micro_batches
     calls += _sync_calls([c for c in mine if c.when is SyncWhen.SYNC])
     calls += _sync_calls([c for c in mine if c.when is SyncWhen.AFTER_UPDATE])
@@ -642,9 +656,10 @@ def _sync_calls(calls: Sequence[SyncCall]) -> list[tuple[str, tuple]]:
     return out
 
 
-def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder) -> list[tuple[str, tuple]]:
+def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder,
+                       gathers: Mapping[int, list[tuple[str, tuple]]]) -> list[tuple[str, tuple]]:
     """The calls of :func:`planned_calls` that one micro-batch's forward, loss, recomputes and
-    backward make, in ``order``."""
+    backward make, in ``order``; ``gathers``: a ZeRO-3 weight's calls before a pass reads it."""
     pcg = p.pcg
     mine = [plan_step(p, me, k, s) for k, s in enumerate(p.steps)]
     calls: list[tuple[str, tuple]] = []
@@ -699,7 +714,9 @@ def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder) -> list
             name = "reduce" if c.kind is CollectiveKind.BCAST else "bcast"
             calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
 
-    for act, k in order.actions:
+    for j, (act, k) in enumerate(order.actions):
+        for w in order.first_use.get(j, ()):
+            calls.extend(gathers.get(w, ()))
         match act:
             case Action.FORWARD | Action.RECOMPUTE:
                 forward(mine[k])

@@ -17,7 +17,7 @@ from ..ir.machine_view import MachineView
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import Coord
-from ..ir.recompute import Recompute, recomputed
+from ..ir.recompute import Recompute, recomputed, weight_passes
 from ..ir.schedule import (  # noqa: F401  (the executor's and weights' vocabulary)
     LOCAL,
     Assemble,
@@ -128,12 +128,16 @@ class StepOrder:
     no_context: frozenset[int]                  # steps whose forward keeps no context
     kept: frozenset[TensorRef]                  # values forward keeps until a recompute reads them
     segments: tuple[tuple[int, ...], ...]       # the recomputed steps of each segment, in order
+    # per action index, the trainable weights (source nodes) a pass reads first there, and
+    # those it reads last there (ZeRO-3 gathers before, and frees after: ir/recompute.weight_passes)
+    first_use: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    last_use: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @staticmethod
     def of(p: Program, mode: Recompute = Recompute.NONE) -> StepOrder:
         at = {s.node: k for k, s in enumerate(p.steps)}
-        segs = [tuple(at[i] for i in seg if i in at)
-                for seg in recomputed(p.pcg, p.layout, p.has_grad, mode)]
+        again = recomputed(p.pcg, p.layout, p.has_grad, mode)
+        segs = [tuple(at[i] for i in seg if i in at) for seg in again]
         segs = [s for s in segs if s]
         first = {s[-1]: j for j, s in enumerate(segs)}    # backward meets a segment at its last step
         last = {s[0]: j for j, s in enumerate(segs)}
@@ -153,4 +157,15 @@ class StepOrder:
             actions.append((Action.BACKWARD, k))
             if k in last:
                 actions.append((Action.DROP, last[k]))
-        return StepOrder(tuple(actions), frozenset(k for s in segs for k in s), frozenset(kept), tuple(segs))
+        index = {a: j for j, a in enumerate(actions)}
+        first_use: dict[int, list[int]] = {}
+        last_use: dict[int, list[int]] = {}
+        for w, passes in sorted(weight_passes(p.pcg, p.layout, again).items()):
+            for n, readers in enumerate(passes):
+                kind = Action.FORWARD if n == 0 else Action.RECOMPUTE
+                steps = [at[i] for i in readers if i in at]
+                if steps:
+                    first_use.setdefault(index[(kind, steps[0])], []).append(w)
+                    last_use.setdefault(index[(kind, steps[-1])], []).append(w)
+        return StepOrder(tuple(actions), frozenset(k for s in segs for k in s), frozenset(kept), tuple(segs),
+                         {j: tuple(ws) for j, ws in first_use.items()}, {j: tuple(ws) for j, ws in last_use.items()})

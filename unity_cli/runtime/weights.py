@@ -13,7 +13,9 @@ With micro-batches, each micro-batch's gradients are added into the same buffers
 gradients are reduce-scattered (``ir/buckets.sync_calls``), each member updates its shard,
 with optimizer state for that shard only, and the shards are all-gathered back. Under
 ZeRO-2 each micro-batch's gradients are reduce-scattered at the end of its backward, from a
-flat buffer made for that call, and added into the member's shard.
+flat buffer made for that call, and added into the member's shard. Under ZeRO-3 each weight
+is its own unit and a member keeps only its shard: the executor gathers it before each pass
+that reads it (:meth:`ParamStore.gather_unit`) and frees it after.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ class ParamStore:
             if value.shape != p.shape:
                 raise ValueError(f"weight {p.name!r} has shape {value.shape}, the plan wants {p.shape}")
             self.master[p.name] = xp.array(value[p.master[me]], copy=True, order="C")
+        self._region = {name: (m.shape, m.dtype) for name, m in self.master.items()}   # each master's
         # The gradient sync's all-reduces (ir/buckets.py), each over a flat buffer made once:
         # a weight's gradient is written into its slice there and all-reduced in place.
         self.bucket_bytes = bucket_bytes
@@ -75,7 +78,8 @@ class ParamStore:
         self.buckets: list[tuple[SyncBucket, Any]] = []
         self.slots: dict[str, Any] = {}   # a synced weight's slice of its bucket's buffer
         self.shards: dict[int, tuple[Any, Any]] = {}   # ZeRO: bucket index -> (flat masters, summed gradient shard)
-        buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes)
+        self.units: dict[int, int] = {}    # ZeRO-3: weight node -> its bucket index (only its shard is kept)
+        buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes, zero)
         if bucket_bytes:
             comm.setup_sync_groups(sorted({b.group for b in buckets}))
         for b in buckets:
@@ -92,6 +96,11 @@ class ParamStore:
                     masters[at:at + m.size] = m.reshape(-1)
                     self.master[p.name] = masters[at:at + m.size].reshape(m.shape)
                 at += m.size
+            if zero >= 3:    # the weight's own unit: this member keeps its shard alone
+                at = b.group.index(me) * b.shard()
+                masters = masters[at:at + b.shard()].copy()
+                self.units[b.weights[0]] = len(self.buckets)
+                del self.master[ms[0].name]     # gathered for each pass that reads it (gather_unit)
             if masters is not None:
                 self.shards[len(self.buckets)] = (masters, xp.empty(b.shard(), dtype=dtype))
             # ZeRO-2 keeps no whole gradient between micro-batches: its flat buffer is made
@@ -115,11 +124,34 @@ class ParamStore:
         flat = self.xp.zeros(length, dtype=dtype)
         at = 0
         for w in b.weights:
-            p = self._by_node[w]
-            m = self.master[p.name]
-            self.slots[p.name] = flat[at:at + m.size].reshape(m.shape)
-            at += m.size
+            name = self._by_node[w].name
+            shape = self._region[name][0]
+            size = math.prod(shape)
+            self.slots[name] = flat[at:at + size].reshape(shape)
+            at += size
         return flat
+
+    def gather_unit(self, weight: int) -> dict[TensorRef, Any]:
+        """ZeRO-3: weight node ``weight`` all-gathered from its group's shards, and this rank's
+        resident pieces of it cut from the whole (the caller frees them after their pass)."""
+        k = self.units[weight]
+        b, _ = self.buckets[k]
+        mine, _ = self.shards[k]
+        flat = self.xp.empty(mine.size * len(b.group), dtype=mine.dtype)
+        self.comm.allgather(b.group, mine, flat)
+        p = self._by_node[weight]
+        shape = self._region[p.name][0]
+        return self._cut(p, flat[:math.prod(shape)].reshape(shape))
+
+    def _cut(self, p: ParamPlan, m: Any) -> dict[TensorRef, Any]:
+        """This rank's resident pieces of weight ``p``, cut from its master region ``m``."""
+        out = {}
+        for node, region, scale in p.pieces[self.comm.rank]:
+            piece = m[region]
+            if scale != 1:
+                piece = piece * piece.dtype.type(scale)
+            out[TensorRef(node)] = self.xp.ascontiguousarray(piece)
+        return out
 
     def _reduce_scatter_micro_batch(self, grads: Mapping[TensorRef, Any]) -> None:
         """ZeRO-2, at the end of a micro-batch's backward: each bucket's gradients in a flat
@@ -144,14 +176,9 @@ class ParamStore:
     def residents(self) -> dict[TensorRef, Any]:
         """This rank's resident pieces, cut from its masters."""
         out = {}
-        me = self.comm.rank
         for p in self.plans:
-            m = self.master[p.name]
-            for node, region, scale in p.pieces[me]:
-                piece = m[region]
-                if scale != 1:
-                    piece = piece * piece.dtype.type(scale)
-                out[TensorRef(node)] = self.xp.ascontiguousarray(piece)
+            if p.name in self.master:    # (ZeRO-3's are gathered for each pass instead)
+                out.update(self._cut(p, self.master[p.name]))
         return out
 
     def accumulate(self, grads: Mapping[TensorRef, Any]) -> None:
@@ -179,6 +206,9 @@ class ParamStore:
         me = self.comm.rank
         for k, (masters, shard) in self.shards.items():
             group = self.buckets[k][0].group
+            if self.zero >= 3:      # the shard is all it keeps: nothing to gather after
+                self.optimizer.update(f"zero:{k}", masters, shard)
+                continue
             at = group.index(me) * shard.size
             mine = masters[at:at + shard.size]
             self.optimizer.update(f"zero:{k}", mine, shard)
@@ -237,9 +267,9 @@ class ParamStore:
                 out[region] += piece if scale == 1 else piece * piece.dtype.type(scale)
             return
         self._filled.add(p.name)
-        m = self.master[p.name]
+        shape, dtype = self._region[p.name]
         out = self.slots.get(p.name)
-        if len(parts) == 1 and parts[0][1].shape == m.shape and parts[0][1].dtype == m.dtype:
+        if len(parts) == 1 and parts[0][1].shape == shape and parts[0][1].dtype == dtype:
             # One piece covering the master (data parallelism): taken as it is, or copied
             # into the bucket's buffer; never added into zeros.
             _, piece, scale = parts[0]
@@ -253,7 +283,7 @@ class ParamStore:
                 self.xp.multiply(piece, piece.dtype.type(scale), out=out)
         else:
             if out is None:
-                out = self.xp.zeros_like(m)
+                out = self.xp.zeros(shape, dtype=dtype)
             else:
                 out[...] = 0
             for region, piece, scale in parts:
@@ -264,8 +294,17 @@ class ParamStore:
         """Set this rank's masters from whole weights (by name; the others keep theirs)."""
         me = self.comm.rank
         for p in self.plans:
-            if p.name in whole:
+            if p.name in whole and p.name in self.master:
                 self.master[p.name][...] = self.xp.asarray(np.asarray(whole[p.name])[p.master[me]])
+        for w, k in self.units.items():     # ZeRO-3: this member's shard of the padded region
+            p, b = self._by_node[w], self.buckets[k][0]
+            if p.name in whole:
+                mine = self.shards[k][0]
+                flat = np.zeros(mine.size * len(b.group), dtype=mine.dtype)
+                region = np.asarray(whole[p.name])[p.master[me]].reshape(-1)
+                flat[:region.size] = region
+                at = b.group.index(me) * mine.size
+                mine[...] = self.xp.asarray(flat[at:at + mine.size])
 
     def gather(self, root: int = 0, what: str = "weights") -> dict[str, np.ndarray]:
         """Every trainable weight (``what="grads"``: its last synced gradient), whole, on
@@ -283,6 +322,15 @@ class ParamStore:
                 self.comm.allgather(b.group, shard, flat)
             self._gathered = True
         source = self.master if what == "weights" else self.synced
+        if what == "weights" and self.units:    # ZeRO-3: the shards all-gathered (after the step)
+            source = dict(self.master)
+            for w, k in self.units.items():
+                b, shard = self.buckets[k][0], self.shards[k][0]
+                flat = self.xp.empty(shard.size * len(b.group), dtype=shard.dtype)
+                self.comm.allgather(b.group, shard, flat)
+                name = self._by_node[w].name
+                shape = self._region[name][0]
+                source[name] = flat[:math.prod(shape)].reshape(shape)
         out: dict[str, np.ndarray] = {}
         for p in self.program.params:
             holders: dict[tuple, int] = {}

@@ -603,9 +603,10 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     or those given, nothing recomputed; ZeRO-1 tried as well where the stage is not given,
     kept where it prices faster); where no plan fits, ZeRO-1 (unless the stage is given), then
     the fewest micro-batches (a divisor of the batch) with which a plan fits, found by
-    bisection, and at that count the faster of with and without ZeRO. Only where no count
-    fits without recomputation is it recomputed (unless given), since it costs a second
-    forward. A count of searches, never the clock."""
+    bisection, and at that count the fastest stage; that without recomputation and with it
+    (unless given), each at its own fewest micro-batches, and the faster of the two kept:
+    recomputing pays a second forward, but fewer, larger micro-batches may pay more than
+    it (data parallelism over more replicas). A count of searches, never the clock."""
     if micro_batches is not None and batch % micro_batches:
         raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
                          f"batch {batch} (--batch-size is the global batch of a step)")
@@ -643,18 +644,22 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     if plain is not None:
         return (_sharded_if_faster(plain, cluster, config) if zero is None else plain), ks[0]
     least = max(stages)     # the stage that needs the least memory
-    r = next((r for r in modes if attempt(Training(least, ks[-1], r)) is not None), None)
-    if r is None:
+    found: list[tuple[SearchResult, int]] = []
+    for r in modes:
+        if attempt(Training(least, ks[-1], r)) is None:
+            continue
+        # Fewest micro-batches that fit: memory falls as they grow, so bisect over the
+        # divisors of the batch (a few searches, not one per divisor).
+        lo, hi = -1, len(ks) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if attempt(Training(least, ks[mid], r)) is not None else (mid, hi)
+        best = fastest(ks[hi], r)
+        assert best is not None
+        found.append((best, ks[hi]))
+    if not found:
         raise tried[first]         # (the plain step's reason: nothing fits even so)
-    # Fewest micro-batches that fit: memory falls as they grow, so bisect over the divisors
-    # of the batch (a few searches, not one per divisor).
-    lo, hi = -1, len(ks) - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if attempt(Training(least, ks[mid], r)) is not None else (mid, hi)
-    best = fastest(ks[hi], r)
-    assert best is not None
-    return best, ks[hi]
+    return min(found, key=lambda f: f[0].chosen.report.step_time)
 
 
 def _sharded_if_faster(result: SearchResult, cluster: ClusterSpec, config: CostConfig) -> SearchResult:

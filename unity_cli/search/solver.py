@@ -377,13 +377,18 @@ class Tables:
                         # (under ZeRO the sync is a reduce-scatter and an all-gather: the all-reduce's
                         # bytes, priced as it; the update runs on the replica's shard)
                         moved = pricer.move(pcg.shape(r), want, kind)
-                        if zero >= 2:    # a reduce-scatter (half the all-reduce) every micro-batch
+                        if zero >= 3:    # each micro-batch: a reduce-scatter, and a gather per pass
+                            passes = 1 if again is Again.NO else 2
+                            moved *= micro * (1 + passes) / 2
+                        elif zero >= 2:  # a reduce-scatter (half the all-reduce) every micro-batch
                             moved *= (micro + 1) / 2
                         numel = want.piece.numel
                         updated = shard_elements(numel, want.copy_degree) if zero and moved > 0 else numel
                         t += moved + update_seconds(updated, device, config, synced=moved > 0)
                         sync += moved
                         mem += per_param.per_device(numel, want.copy_degree, zero)
+                        if zero >= 3 and want.copy_degree > 1 and again is Again.NO:
+                            mem += per_param.weight * numel    # its context keeps the gathered weight
                     case Tensor.CONSTANT:
                         t += pricer.move(pcg.shape(r), want, kind)
                         mem += want.piece.numel * 4
