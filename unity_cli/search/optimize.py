@@ -600,10 +600,10 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     What is given (``--strategy ...,zero=Z,mb=K,recompute=R`` gives all three; ``--zero``,
     ``--micro-batches``, ``--recompute``) is kept; a strategy that is not a search takes the
     defaults for the rest. A search chooses the rest: the plain step first (one micro-batch,
-    or those given, nothing recomputed; ZeRO-1 tried as well where the stage is not given,
-    kept where it prices faster); where no plan fits, ZeRO-1 (unless the stage is given), then
-    the fewest micro-batches (a divisor of the batch) with which a plan fits, found by
-    bisection, and at that count the fastest stage; that without recomputation and with it
+    or those given, nothing recomputed; priced with ZeRO-1 as well where the stage is not
+    given, kept where faster); where no plan fits, the fewest micro-batches (a divisor of the
+    batch) with which a plan fits at the leanest stage, found by bisection, its plan priced
+    at every stage and the fastest that fits kept; that without recomputation and with it
     (unless given), each at its own fewest micro-batches, and the faster of the two kept:
     recomputing pays a second forward, but fewer, larger micro-batches may pay more than
     it (data parallelism over more replicas). A count of searches, never the clock."""
@@ -631,19 +631,20 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
     modes = (Recompute.NONE, Recompute.FULL) if recompute is None else (recompute,)
 
-    def fastest(k: int, r: Recompute) -> SearchResult | None:
-        """The faster plan of each stage at ``k`` micro-batches (the plain stage priced
-        sharded too, where the stage is free)."""
-        got = [res for z in stages if (res := attempt(Training(z, k, r))) is not None]
-        if zero is None and got and got[0].chosen.report.training.zero == 0:
-            got[0] = _sharded_if_faster(got[0], cluster, config)
-        return min(got, key=lambda res: (res.chosen.report.step_time, res.chosen.report.training.zero), default=None)
-
     first = Training(stages[0], ks[0], modes[0])
     plain = attempt(first)
     if plain is not None:
-        return (_sharded_if_faster(plain, cluster, config) if zero is None else plain), ks[0]
+        return (_restaged(plain, cluster, config, (1,)) if zero is None else plain), ks[0]
     least = max(stages)     # the stage that needs the least memory
+
+    def fastest(k: int, r: Recompute) -> SearchResult:
+        """The plan searched at the leanest stage and ``k`` micro-batches, priced at the other
+        stages too where the stage is free (a re-pricing, not a search each), the fastest
+        that fits kept."""
+        res = attempt(Training(least, k, r))
+        assert res is not None
+        return _restaged(res, cluster, config, stages) if zero is None else res
+
     found: list[tuple[SearchResult, int]] = []
     for r in modes:
         if attempt(Training(least, ks[-1], r)) is None:
@@ -654,24 +655,25 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if attempt(Training(least, ks[mid], r)) is not None else (mid, hi)
-        best = fastest(ks[hi], r)
-        assert best is not None
-        found.append((best, ks[hi]))
+        found.append((fastest(ks[hi], r), ks[hi]))
     if not found:
         raise tried[first]         # (the plain step's reason: nothing fits even so)
     return min(found, key=lambda f: f[0].chosen.report.step_time)
 
 
-def _sharded_if_faster(result: SearchResult, cluster: ClusterSpec, config: CostConfig) -> SearchResult:
-    """The chosen plan with its optimizer state sharded (ZeRO-1) where that prices faster."""
-    chosen = result.chosen
-    if chosen.report.training.zero:
+def _restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, stages: Sequence[int]) -> SearchResult:
+    """The chosen plan priced at each ZeRO stage of ``stages`` too (``ir/training.py``), the
+    fastest that fits kept: the same parallelization, its state sharded otherwise."""
+    chosen = best = result.chosen
+    for z in stages:
+        if z == chosen.report.training.zero:
+            continue
+        report = estimate(chosen.baseline.pcg, chosen.views, cluster,
+                          replace(config, training=replace(chosen.report.training, zero=z)))
+        if report.feasible and faster(report, best.report):
+            best = Candidate(replace(chosen.baseline, description=f"{chosen.baseline.description}; ZeRO-{z}"),
+                             chosen.views, report)
+    if best is chosen:
         return result
-    sharded = replace(config, training=replace(chosen.report.training, zero=1))
-    report = estimate(chosen.baseline.pcg, chosen.views, cluster, sharded)
-    if not report.feasible or not faster(report, chosen.report):
-        return result
-    kept = Candidate(replace(chosen.baseline, description=f"{chosen.baseline.description}; ZeRO-1"),
-                     chosen.views, report)
-    rows = {name: (kept if c is chosen else c) for name, c in result.candidates.items()}
-    return replace(result, chosen=kept, candidates=rows)
+    rows = {name: (best if c is chosen else c) for name, c in result.candidates.items()}
+    return replace(result, chosen=best, candidates=rows)
