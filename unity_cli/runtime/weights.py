@@ -70,7 +70,7 @@ class ParamStore:
             if value.shape != p.shape:
                 raise ValueError(f"weight {p.name!r} has shape {value.shape}, the plan wants {p.shape}")
             self.master[p.name] = xp.array(value[p.master[me]], copy=True, order="C")
-        self._region = {name: (m.shape, m.dtype) for name, m in self.master.items()}   # each master's
+        self._region = {name: (m.shape, m.dtype) for name, m in self.master.items()}   # each master region's
         # The gradient sync's all-reduces (ir/buckets.py), each over a flat buffer made once:
         # a weight's gradient is written into its slice there and all-reduced in place.
         self.bucket_bytes = bucket_bytes
