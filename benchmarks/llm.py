@@ -22,10 +22,9 @@ with ``--strategy``:
 On one node ``tp=8,dp=1`` is pure tensor parallelism; across nodes pure tensor parallelism
 (``tp=N``) has more ways than the models have heads, so it is not a row.
 
-unity's search (``--strategy best``) is given one sequence per GPU per micro-batch
-(``--micro-batches batch/N``, as the FSDP row; left to choose them too it searches several
-counts, minutes per point at these sizes) and chooses the rest: the parallelization, the
-ZeRO stage and recomputation. Every configuration is priced
+unity's search (``--strategy best``) chooses everything: the parallelization, the ZeRO stage,
+the micro-batches and recomputation (``search/step.py``: the best uniform configuration,
+then one search from it). Every configuration is priced
 at its best placement (tensor-parallel groups inside nodes, or across them). Columns: the
 step time, the memory of the busiest device, and MFU = 6 x parameters x tokens per step /
 (step time x GPUs x the GPU's bfloat16 peak). Step times and memory are predictions.
@@ -87,14 +86,11 @@ class Row:
 
 
 def price(model: Path, p: Point, strategy: str, max_candidates: int | None) -> Row:
-    """One ``unity optimize`` of ``p`` with ``strategy`` (unity's: one sequence per GPU per
-    micro-batch)."""
+    """One ``unity optimize`` of ``p`` with ``strategy``."""
     cluster = f"dgx-a100-80:{p.gpus}"
     with tempfile.TemporaryDirectory() as tmp:
         args = ["optimize", str(model), "--cluster", cluster, "--batch-size", str(p.batch), "--dtype", "bfloat16",
                 "--out", str(Path(tmp) / "plan.json"), "--json", "--strategy", strategy]
-        if strategy == "best":
-            args += ["--micro-batches", str(p.batch // p.gpus)]
         if max_candidates:
             args += ["--max-candidates", str(max_candidates)]
         t0 = time.monotonic()
@@ -167,8 +163,8 @@ def main() -> None:
         ap.error(f"--points: unknown {', '.join(bad)} (choose from {', '.join(POINTS)})")
     header = ("paper-scale zoo models, shape-only; sequence 2048, bfloat16, Adam; dgx-a100-80:N (8 A100-80GB per "
               "node, NVLink3 inside, 8 x 200 Gb/s InfiniBand across); predicted step times; MFU against 312 "
-              f"TFLOP/s; unity searched at one sequence per GPU per micro-batch ({args.max_candidates or 'default'} "
-              "candidates)")
+              f"TFLOP/s; unity chooses the micro-batches, ZeRO stage and recomputation too ("
+              f"{args.max_candidates or 'default'} candidates)")
     load0 = os.getloadavg()
     started = time.monotonic()
     rows: list[Row] = []

@@ -273,7 +273,8 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     from .plan.build import make_plan
     from .report.progress import Progress
     from .report.summary import summary
-    from .search.optimize import DEFAULT_CANDIDATES, optimize_step
+    from .search.optimize import DEFAULT_CANDIDATES
+    from .search.step import optimize_step
     from .substitutions.cache import load_cache, prove_applied
 
     check_number("--batch-size", batch_size, 1, MAX_BATCH)

@@ -195,7 +195,7 @@ def test_memory_infeasible(mlp, tmp_path):
 
 
 def test_internal_error_is_one_line(mlp, monkeypatch, tmp_path):
-    import unity_cli.search.optimize as search
+    import unity_cli.search.step as search
 
     def boom(*args, **kwargs):
         raise RuntimeError("something broke")

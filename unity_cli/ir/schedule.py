@@ -224,7 +224,15 @@ def trainable(pcg: PCG, layout: Sequence[int | None], i: int) -> bool:
 
 def needs_grad(pcg: PCG, out: TensorRef) -> frozenset[TensorRef]:
     """Tensors whose gradient someone needs: float, downstream of a trainable weight and
-    upstream of the loss (which reads ``out``)."""
+    upstream of the loss (which reads ``out``). Kept with the graph (it is immutable): the
+    cost model, the solver and the segment search ask it of the same graph many times."""
+    memo = pcg.__dict__.setdefault("_needs_grad", {})
+    if out not in memo:
+        memo[out] = _needs_grad(pcg, out)
+    return memo[out]
+
+
+def _needs_grad(pcg: PCG, out: TensorRef) -> frozenset[TensorRef]:
     requires: set[TensorRef] = set()
     for i, n in pcg:
         is_param = isinstance(n.op, WeightAttrs) and n.op.trainable or isinstance(n.op, InputAttrs) and n.op.grad

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, CostReport, estimate, layout_sources, memory_per_device
@@ -28,8 +27,7 @@ from ..deadline import OutOfTime, ceiling, check
 from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.machine_view import MachineView, devices_used
 from ..ir.pcg import PCG
-from ..ir.recompute import Recompute
-from ..ir.training import ZERO_STAGES, Training
+from ..ir.training import Training
 from ..ir.validate import validate
 from ..substitutions.rule import Rule
 from .baselines import (
@@ -134,7 +132,7 @@ def _map(pcg: PCG, cluster: ClusterSpec, config: CostConfig, seconds: float | No
         return Mapper(pcg, cluster, config, seconds=seconds).run(), False
     except MappingOutOfTime:
         return None, True
-    except MappingBudgetExceeded:
+    except (MappingBudgetExceeded, RecursionError):   # (a decomposition deeper than the stack allows)
         return None, False
 
 
@@ -275,6 +273,13 @@ solved plan (``unity``) or rewrite for one device (``algebraic_then_parallel``):
 candidate is rewritten and simulated whole, so its price grows with the graph."""
 
 
+UNSOLVED_WORK = 40_000
+"""The work budget, in operators x candidates, of each whole-graph search over a graph the
+inner solver has no plan for (the baselines' walk under the parallelization rules, the
+polish after the segment search): each candidate is rewritten and simulated whole, so on a
+decoder of thousands of operators a few candidates cost what a small graph's full budget does."""
+
+
 def scaled_candidates(pcg: PCG, cap: int, work: int) -> int:
     """How many candidates a search whose candidates cost in proportion to the graph may
     cost: ``work`` over the graph's operators, at most ``cap``, at least one."""
@@ -338,7 +343,7 @@ def _unity(pcg, cluster, config, rules, budget, alpha, progress, candidates, cap
     rest = max(1, cap - stats.candidates)
     search = JointSearch(cluster, config, [r for r in rules if not r.grouped_only], budget=left, alpha=alpha,
                          progress=progress,
-                         max_candidates=scaled_candidates(pcg, rest, POLISH_WORK) if solved else rest,
+                         max_candidates=scaled_candidates(pcg, rest, POLISH_WORK if solved else UNSOLVED_WORK),
                          patience=POLISH_PATIENCE if solved else JointSearch.patience, placed=ev.placed)
     found = search.run(starts)
     found, priced = fuse_activations(found, cluster, config, rules)
@@ -398,7 +403,7 @@ def _parallel_only(pcg, cluster, config, rules, budget, alpha, progress, candida
     if found is not None:
         return found, SearchStats(candidates=1, converged=True)
     search = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=budget, alpha=alpha,
-                         progress=progress, max_candidates=cap)
+                         progress=progress, max_candidates=scaled_candidates(pcg, cap, UNSOLVED_WORK))
     return search.run(_starts(pcg, candidates, ev)), search.stats
 
 
@@ -413,7 +418,8 @@ def _algebraic_then_parallel(pcg, cluster, config, rules, budget, alpha, progres
         return replace(found, path=rewritten.path), stats
     base = {name: ev(fn(rewritten.pcg, cluster)) for name, fn in STRATEGIES.items()}
     two = JointSearch(cluster, config, [r for r in rules if r.is_parallel], budget=_part(budget, 0.5),
-                      alpha=alpha, progress=progress, max_candidates=max(1, cap // 2))
+                      alpha=alpha, progress=progress,
+                      max_candidates=scaled_candidates(rewritten.pcg, max(1, cap // 2), UNSOLVED_WORK))
     found = two.run(_starts(rewritten.pcg, base, ev))
     return replace(found, path=rewritten.path + found.path), one_stats + two.stats
 
@@ -447,7 +453,8 @@ def _better(a: CostReport, b: CostReport) -> bool:
 def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str = Strategy.BEST,
              rules: Sequence[Rule] = (), budget: float | None = None, alpha: float = 1.05,
              progress: Callable | None = None, max_candidates: int | None = None,
-             started: float | None = None) -> SearchResult:
+             started: float | None = None,
+             hybrid_row: tuple[Candidate, tuple[Candidate, ...]] | None = None) -> SearchResult:
     """The chosen plan and every row priced beside it. The searches stop by a count of work
     (``max_candidates``, default :data:`DEFAULT_CANDIDATES`); ``budget`` is an optional time
     ceiling in seconds over the whole run, from ``started`` (``time.monotonic()``; default:
@@ -455,7 +462,9 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
     ``max_candidates`` overrides it (so a capped plan never depends on the machine's speed). Under the ceiling
     the first baseline is always priced (under its default views); what the ceiling leaves
     no time for (a mapping, another baseline, the solver, a search) is left out, and
-    ``SearchResult.not_priced`` names the rows that are missing for it."""
+    ``SearchResult.not_priced`` names the rows that are missing for it. ``hybrid_row``: the
+    ``hybrid`` row and the hybrids priced for it, already priced (``step.best_uniform``);
+    default: the fastest ``tp=T,dp=D`` under ``config``'s step shape (:func:`best_hybrid`)."""
     named = _named_hybrid(strategy, pcg, cluster, config.training) if is_hybrid(strategy) else None
     if named is None and strategy not in CHOICES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r} (choose from {', '.join(CHOICES)}, "
@@ -492,7 +501,7 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
         hybrids: tuple[Candidate, ...] = ()
         if strategy not in STRATEGIES:  # the searches start from it; a named hybrid is shown beside it
             try:
-                candidates[HYBRID], hybrids = best_hybrid(pcg, cluster, config)
+                candidates[HYBRID], hybrids = hybrid_row or best_hybrid(pcg, cluster, config)
             except OutOfTime:
                 missing.append(HYBRID)
         if named is not None:
@@ -588,92 +597,3 @@ def _fastest(candidates: dict[str, Candidate]) -> str:
         rep = candidates[name].report
         return (not rep.feasible, rep.step_time, name != Strategy.UNITY, name)
     return min(candidates, key=key)
-
-
-def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
-                  strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
-                  recompute: Recompute | None = None, **search: Any) -> tuple[SearchResult, int]:
-    """:func:`optimize` with the step's shape (``ir/training.py``) chosen too, and the
-    micro-batches it chose. ``graph_for(k)`` is the graph at the micro-batch size of ``k``
-    micro-batches of the global ``batch``; ``search`` is :func:`optimize`'s other options.
-
-    What is given (``--strategy ...,zero=Z,mb=K,recompute=R`` gives all three; ``--zero``,
-    ``--micro-batches``, ``--recompute``) is kept; a strategy that is not a search takes the
-    defaults for the rest. A search chooses the rest: the plain step first (one micro-batch,
-    or those given, nothing recomputed; priced with ZeRO-1 as well where the stage is not
-    given, kept where faster); where no plan fits, the fewest micro-batches (a divisor of the
-    batch) with which a plan fits at the leanest stage, found by bisection, its plan priced
-    at every stage and the fastest that fits kept; that without recomputation and with it
-    (unless given), each at its own fewest micro-batches, and the faster of the two kept:
-    recomputing pays a second forward, but fewer, larger micro-batches may pay more than
-    it (data parallelism over more replicas). A count of searches, never the clock."""
-    if micro_batches is not None and batch % micro_batches:
-        raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
-                         f"batch {batch} (--batch-size is the global batch of a step)")
-    searched = strategy in SEARCHES or strategy == Strategy.BEST
-    if not searched or zero is not None and micro_batches is not None and recompute is not None:
-        train = Training(zero or 0, micro_batches or 1, recompute or Recompute.NONE)
-        k = train.micro_batches
-        return optimize(graph_for(k), cluster, replace(config, training=train), strategy, **search), k
-    tried: dict[Training, SearchResult | InfeasibleError] = {}
-
-    def attempt(train: Training) -> SearchResult | None:
-        if train not in tried:
-            try:
-                tried[train] = optimize(graph_for(train.micro_batches), cluster, replace(config, training=train),
-                                        strategy, **search)
-            except InfeasibleError as e:
-                tried[train] = e
-        got = tried[train]
-        return None if isinstance(got, InfeasibleError) else got
-
-    stages = ZERO_STAGES if zero is None else (zero,)
-    ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
-    modes = (Recompute.NONE, Recompute.FULL) if recompute is None else (recompute,)
-
-    first = Training(stages[0], ks[0], modes[0])
-    plain = attempt(first)
-    if plain is not None:
-        return (_restaged(plain, cluster, config, (1,)) if zero is None else plain), ks[0]
-    least = max(stages)     # the stage that needs the least memory
-
-    def fastest(k: int, r: Recompute) -> SearchResult:
-        """The plan searched at the leanest stage and ``k`` micro-batches, priced at the other
-        stages too where the stage is free (a re-pricing, not a search each), the fastest
-        that fits kept."""
-        res = attempt(Training(least, k, r))
-        assert res is not None
-        return _restaged(res, cluster, config, stages) if zero is None else res
-
-    found: list[tuple[SearchResult, int]] = []
-    for r in modes:
-        if attempt(Training(least, ks[-1], r)) is None:
-            continue
-        # Fewest micro-batches that fit: memory falls as they grow, so bisect over the
-        # divisors of the batch (a few searches, not one per divisor).
-        lo, hi = -1, len(ks) - 1
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if attempt(Training(least, ks[mid], r)) is not None else (mid, hi)
-        found.append((fastest(ks[hi], r), ks[hi]))
-    if not found:
-        raise tried[first]         # (the plain step's reason: nothing fits even so)
-    return min(found, key=lambda f: f[0].chosen.report.step_time)
-
-
-def _restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, stages: Sequence[int]) -> SearchResult:
-    """The chosen plan priced at each ZeRO stage of ``stages`` too (``ir/training.py``), the
-    fastest that fits kept: the same parallelization, its state sharded otherwise."""
-    chosen = best = result.chosen
-    for z in stages:
-        if z == chosen.report.training.zero:
-            continue
-        report = estimate(chosen.baseline.pcg, chosen.views, cluster,
-                          replace(config, training=replace(chosen.report.training, zero=z)))
-        if report.feasible and faster(report, best.report):
-            best = Candidate(replace(chosen.baseline, description=f"{chosen.baseline.description}; ZeRO-{z}"),
-                             chosen.views, report)
-    if best is chosen:
-        return result
-    rows = {name: (best if c is chosen else c) for name, c in result.candidates.items()}
-    return replace(result, chosen=best, candidates=rows)

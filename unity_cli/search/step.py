@@ -1,0 +1,242 @@
+"""The step's shape, chosen with the plan: ZeRO stage, micro-batches and recomputation.
+
+:func:`optimize.optimize` plans one graph at one step shape (``ir/training.py``).
+:func:`optimize_step` chooses the shape too, in two moves:
+
+1. **The best uniform configuration** (:func:`best_uniform`): every configuration a person
+   can write with ``--strategy tp=T,dp=D,zero=Z,mb=K,recompute=R``, each at the fewest
+   micro-batches with which it fits in device memory, priced by the same model at its best
+   placement (``optimize.price_hybrid``). Memory is a linear count and falls as micro-batches
+   grow, so the fewest is a bisection over the divisors of the batch; only what fits is
+   simulated.
+2. **One search** at that configuration's shape, with the configuration as the ``hybrid``
+   row, which the searches start from and the chosen plan is held to: unity's plan is never
+   slower than the best configuration a person could write, priced by the same model. The
+   chosen plan is then priced at each free ZeRO stage (the same parallelization, its state
+   sharded otherwise) and the fastest that fits is kept.
+
+Where no uniform configuration fits, the search itself looks for the shape: the fewest
+micro-batches with which its plan fits, at the leanest stage, without and with
+recomputation. Every step is a count of pricings and searches, never the clock.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+from ..cluster.spec import ClusterSpec
+from ..cost.model import CostConfig, estimate
+from ..deadline import OutOfTime, ceiling, check
+from ..errors import InfeasibleError, UnityError, UsageError
+from ..ir.pcg import PCG
+from ..ir.recompute import Recompute
+from ..ir.training import ZERO_STAGES, Training
+from .baselines import Baseline, Strategy, hybrid, hybrid_degrees, strategy_name
+from .joint import faster
+from .optimize import (
+    HYBRID,
+    SEARCHES,
+    Candidate,
+    SearchResult,
+    _better,
+    _peak_memory,
+    evaluate,
+    optimize,
+    price_hybrid,
+)
+
+MAPPED_WITHIN = 1.5
+"""The machine-mapping DP lays out each uniform configuration priced within this factor of
+the fastest on its better grid (``optimize.price_hybrid``). Its layouts have been measured
+to gain at most 1.36x over the better grid (ZeRO-3 hybrids of the small zoo decoders on 16
+and 32 GPUs), so one further off is not expected to win; the DP costs what several pricings
+do on a large graph, so laying out every configuration would cost more than the rest of
+the search."""
+
+
+UNIFORM_SHARE = 0.25
+"""Under a time ceiling (``--budget``), the share of it the best uniform configuration may
+take; past it the searches plan the plain step (one micro-batch, nothing recomputed)."""
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """The best uniform configuration: its row (named ``hybrid``), its step shape, and every
+    configuration priced beside it."""
+
+    row: Candidate
+    training: Training
+    tried: tuple[Candidate, ...]
+
+
+def _fewest(ks: Sequence[int], fits: Callable[[int], bool]) -> int | None:
+    """The fewest micro-batches of ``ks`` (ascending) with which ``fits`` holds, given that
+    it holds for every count above one that does; None if not even the most fit."""
+    if ks and fits(ks[0]):
+        return ks[0]
+    if len(ks) < 2 or not fits(ks[-1]):
+        return None
+    lo, hi = -1, len(ks) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(ks[mid]) else (mid, hi)
+    return ks[hi]
+
+
+def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
+                 stages: Sequence[int] = ZERO_STAGES, ks: Sequence[int] | None = None,
+                 modes: Sequence[Recompute] = tuple(Recompute)) -> Uniform | None:
+    """The fastest ``tp=T,dp=D,zero=Z,mb=K,recompute=R`` that fits (None: none does): every
+    factorization ``T*D`` of the device count, ZeRO stage of ``stages`` and recomputation of
+    ``modes``, each at the fewest micro-batches of ``ks`` (default: every divisor of the
+    global ``batch``) whose micro-batch ``D`` divides. Each that fits is priced at its better
+    grid (``price_hybrid``), and those within :data:`MAPPED_WITHIN` of the fastest are laid
+    out by the machine-mapping DP too.
+    ``graph_for(k)`` is the graph at the micro-batch size of ``k`` micro-batches."""
+    n = cluster.num_devices
+    ks = sorted(ks) if ks is not None else [d for d in range(1, batch + 1) if batch % d == 0]
+    degrees = sorted({td for k in ks for td in hybrid_degrees(n, batch // k)})
+    built: dict[tuple[int, int, int], Baseline | None] = {}
+
+    def layout(k: int, tp: int, dp: int) -> Baseline | None:
+        """The hybrid at ``k`` micro-batches (None: a model whose exported shapes do not
+        follow that micro-batch, or a hybrid it cannot take)."""
+        if (k, tp, dp) not in built:
+            check()
+            try:
+                built[k, tp, dp] = hybrid(graph_for(k), tp, dp)
+            except UnityError:
+                built[k, tp, dp] = None
+        return built[k, tp, dp]
+
+    def shaped(train: Training) -> CostConfig:
+        return replace(config, training=train)
+
+    def fits(k: int, tp: int, dp: int, z: int, r: Recompute) -> bool:
+        b = layout(k, tp, dp)
+        return b is not None and _peak_memory(b.pcg, cluster, shaped(Training(z, k, r))) is None
+
+    fitting: list[tuple[Baseline, Training]] = []
+    for tp, dp in degrees:
+        counts = [k for k in ks if (batch // k) % dp == 0]
+        for r in modes:
+            for z in stages:
+                k = _fewest(counts, partial(fits, tp=tp, dp=dp, z=z, r=r))
+                if k is not None:
+                    train = Training(z, k, r)
+                    b = layout(k, tp, dp)
+                    assert b is not None
+                    fitting.append((_named(b, tp, dp, train), train))
+    if not fitting:
+        return None
+    tried = [price_hybrid(b, cluster, shaped(t), mapped=True, dp_mapped=False) for b, t in fitting]
+    order = sorted(range(len(tried)), key=lambda i: (not tried[i].report.feasible, tried[i].report.step_time))
+    fastest = tried[order[0]].report.step_time
+    for i in order:     # the machine-mapping DP lays out those that may win by it
+        if tried[i].report.step_time > fastest * MAPPED_WITHIN:
+            break
+        laid = evaluate(tried[i].baseline, cluster, shaped(fitting[i][1]), None, None,
+                        (tried[i].views, tried[i].report))
+        if _better(laid.report, tried[i].report):
+            tried[i] = replace(laid, baseline=tried[i].baseline)
+            fastest = min(fastest, laid.report.step_time)
+    at = min(range(len(tried)), key=lambda i: (not tried[i].report.feasible, tried[i].report.step_time))
+    won, train = tried[at], fitting[at][1]
+    b = won.baseline
+    others = (f"the fastest of {len(tried)} uniform configurations that fit (tp x dp = {n}, each ZeRO stage and "
+              "recomputation at its fewest micro-batches)")
+    return Uniform(replace(won, baseline=replace(b, name=HYBRID, description=f"{b.description}; {others}")),
+                   train, tuple(tried))
+
+
+def _named(b: Baseline, tp: int, dp: int, train: Training) -> Baseline:
+    """The hybrid ``b`` (built under the default step) named and described with the step
+    shape it is priced under, as ``hybrid(pcg, tp, dp, train)`` would (without building it again)."""
+    name = strategy_name(tp, dp, train)
+    step = f", {train.describe()}" if not train.default else ""
+    return replace(b, name=name, description=b.description.replace(b.name, name, 1) + step)
+
+
+def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
+                  strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
+                  recompute: Recompute | None = None, **search: Any) -> tuple[SearchResult, int]:
+    """:func:`optimize.optimize` with the step's shape chosen too (see the module
+    docstring), and the micro-batches it chose. ``graph_for(k)`` is the graph at the
+    micro-batch size of ``k`` micro-batches of the global ``batch``; ``search`` is
+    ``optimize``'s other options. What is given (``--strategy ...,zero=Z,mb=K,recompute=R``
+    gives all three; ``--zero``, ``--micro-batches``, ``--recompute``) is kept; a strategy
+    that is not a search takes the defaults for the rest."""
+    if micro_batches is not None and batch % micro_batches:
+        raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
+                         f"batch {batch} (--batch-size is the global batch of a step)")
+    searched = strategy in SEARCHES or strategy == Strategy.BEST
+    if not searched or zero is not None and micro_batches is not None and recompute is not None:
+        train = Training(zero or 0, micro_batches or 1, recompute or Recompute.NONE)
+        k = train.micro_batches
+        return optimize(graph_for(k), cluster, replace(config, training=train), strategy, **search), k
+    stages = ZERO_STAGES if zero is None else (zero,)
+    ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
+    modes = tuple(Recompute) if recompute is None else (recompute,)
+    budget = search.get("budget")
+    try:
+        with ceiling(None if budget is None else (search.get("started") or time.monotonic()) + UNIFORM_SHARE * budget):
+            uniform = best_uniform(graph_for, batch, cluster, config, stages, ks, modes)
+    except OutOfTime:   # the searches plan the plain step with the time left
+        train = Training(stages[0], ks[0], modes[0])
+        return optimize(graph_for(ks[0]), cluster, replace(config, training=train), strategy, **search), ks[0]
+    if uniform is None:
+        return _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, search)
+    train = uniform.training
+    result = optimize(graph_for(train.micro_batches), cluster, replace(config, training=train), strategy,
+                      hybrid_row=(uniform.row, uniform.tried), **search)
+    return (_restaged(result, cluster, config, stages) if zero is None else result), train.micro_batches
+
+
+def _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, search) -> tuple[SearchResult, int]:
+    """Where no uniform configuration fits: the fewest micro-batches with which the search's
+    plan fits at the leanest stage, by bisection, without recomputation and with it (each
+    where free), the faster kept; its plan priced at each free stage."""
+    tried: dict[Training, SearchResult | InfeasibleError] = {}
+
+    def attempt(train: Training) -> SearchResult | None:
+        if train not in tried:
+            try:
+                tried[train] = optimize(graph_for(train.micro_batches), cluster, replace(config, training=train),
+                                        strategy, **search)
+            except InfeasibleError as e:
+                tried[train] = e
+        got = tried[train]
+        return None if isinstance(got, InfeasibleError) else got
+
+    least = max(stages)     # the stage that needs the least memory
+    found: list[tuple[SearchResult, int]] = []
+    for r in modes:
+        k = _fewest(ks, lambda k, r=r: attempt(Training(least, k, r)) is not None)
+        if k is not None:
+            res = attempt(Training(least, k, r))
+            assert res is not None
+            found.append((_restaged(res, cluster, config, stages), k))
+    if not found:
+        raise next(e for e in tried.values() if isinstance(e, InfeasibleError))
+    return min(found, key=lambda f: f[0].chosen.report.step_time)
+
+
+def _restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, stages: Sequence[int]) -> SearchResult:
+    """The chosen plan priced at each ZeRO stage of ``stages`` too (``ir/training.py``), the
+    fastest that fits kept: the same parallelization, its state sharded otherwise."""
+    chosen = best = result.chosen
+    for z in stages:
+        if z == chosen.report.training.zero:
+            continue
+        report = estimate(chosen.baseline.pcg, chosen.views, cluster,
+                          replace(config, training=replace(chosen.report.training, zero=z)))
+        if report.feasible and faster(report, best.report):
+            best = Candidate(replace(chosen.baseline, description=f"{chosen.baseline.description}; ZeRO-{z}"),
+                             chosen.views, report)
+    if best is chosen:
+        return result
+    rows = {name: (best if c is chosen else c) for name, c in result.candidates.items()}
+    return replace(result, chosen=best, candidates=rows)
