@@ -226,10 +226,12 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--micro-batches", "micro_batches", default="auto", show_default=True, metavar="auto|K",
               help="Micro-batches per optimizer step (gradient accumulation; --batch-size stays the global "
                    "batch): K | auto (1, more only where no plan fits in memory).")
-@click.option("--recompute", type=click.Choice(["auto", "none", "full"]), default="auto", show_default=True,
-              help="Activation recomputation: none (keep every activation for backward) | full (keep each "
-                   "segment's input, e.g. a transformer's residual stream, and run the segment's forward again "
-                   "in backward) | auto (full only where no plan fits without it).")
+@click.option("--recompute", type=click.Choice(["auto", "none", "selective", "full"]), default="auto",
+              show_default=True,
+              help="Activation recomputation: none (keep every activation for backward) | selective (keep what "
+                   "the weighted products read, run the rest again in backward: norms, activations, the "
+                   "attention scores) | full (keep each segment's input, e.g. a transformer's residual stream, "
+                   "and run the segment's forward again in backward) | auto (the search chooses).")
 @click.option("--budget", type=float, metavar="SECONDS",
               help="A ceiling on the seconds the whole run may take (default: none); the best plan so far "
                    "is kept, and the plan records \"cut_by_budget\" when it cut the search.")

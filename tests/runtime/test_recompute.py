@@ -16,7 +16,7 @@ from test_training_steps import cpu_spec, optimize
 from unity_cli import zoo
 from unity_cli.cli import cli
 from unity_cli.cost.model import CostConfig, memory_account
-from unity_cli.ir.recompute import Recompute, recomputed, segments
+from unity_cli.ir.recompute import Recompute, reads_weight, recomputed, segments
 from unity_cli.ir.schedule import layout_sources, needs_grad
 from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model, import_model_proto
@@ -117,15 +117,23 @@ def test_forward_keeps_no_context_of_what_it_recomputes_and_the_gradients_agree(
     assert grads1.keys() == grads0.keys()
     for name in grads0:
         np.testing.assert_allclose(grads1[name], grads0[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    # selective: the weighted products keep their contexts, the rest is recomputed
+    loss2, grads2, held2, ex2 = got[Recompute.SELECTIVE]
+    some = {ex2.p.steps[k].node for k in ex2.order.no_context}
+    assert some and some < again and held1 < held2 < held0
+    assert not any(reads_weight(ex2.p.pcg, i, ex2.p.layout) for i in some)
+    assert loss2 == pytest.approx(loss0, rel=1e-6)
+    for name in grads0:
+        np.testing.assert_allclose(grads2[name], grads0[name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 # (model, strategy, ranks, global batch): data, tensor and hybrid parallel, with ZeRO-1 and
 # micro-batches, on 2-4 ranks
 CASES = [("mlp", "tp=1,dp=2,recompute=full", 2, 8),
          ("bert_tiny", "tp=2,dp=1,recompute=full", 2, 4),
-         ("bert_tiny", "tp=2,dp=2,zero=2,mb=2,recompute=full", 4, 8),
+         ("bert_tiny", "tp=2,dp=2,zero=2,mb=2,recompute=selective", 4, 8),
          ("convnet_tiny", "tp=1,dp=3,recompute=full", 3, 6),
-         ("llama2-70b", "tp=2,dp=2,mb=2,recompute=full", 4, 8),
+         ("llama2-70b", "tp=2,dp=2,mb=2,recompute=selective", 4, 8),
          ("gpt3-175b", "tp=1,dp=3,zero=3,mb=2,recompute=full", 3, 6)]
 
 
@@ -146,9 +154,10 @@ def test_recomputing_trains_like_one_process_and_sends_what_it_predicts(plans, t
     plan = tmp_path / "plan.json"
     optimize(model, spec, plan, batch, "--strategy", strategy)
     loaded = load_plan(plan)
-    assert loaded.training.recompute is Recompute.FULL
+    head, mode = strategy.split(",recompute=")
+    assert loaded.training.recompute is Recompute(mode)
     kept = tmp_path / "kept.json"
-    optimize(model, spec, kept, batch, "--strategy", strategy.replace(",recompute=full", ""))
+    optimize(model, spec, kept, batch, "--strategy", head)
     doc = run_json(plan, "--steps", "2", "--check", ranks=ranks)
     assert doc["check"]["passed"], doc["check"]
     assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"] == loaded.comm_bytes
@@ -180,9 +189,11 @@ def test_the_memory_account_keeps_only_the_segments_inputs(tmp_path):
     devs = [v.devices(n.outputs[0]) for v, (_, n) in zip(views, pcg, strict=True)]
     layout = layout_sources(pcg)
     acc = {m: memory_account(pcg, devs, layout, 1, CostConfig(training=Training(recompute=m))) for m in Recompute}
-    none, full = acc[Recompute.NONE], acc[Recompute.FULL]
+    none, full, some = acc[Recompute.NONE], acc[Recompute.FULL], acc[Recompute.SELECTIVE]
     for part in ("weights", "gradients", "optimizer", "inputs and constants"):
-        assert (none[part] == full[part]).all(), part
+        assert (none[part] == full[part]).all() and (none[part] == some[part]).all(), part
+    # selective keeps what the products read: between keeping everything and the residual stream
+    assert full["activations"][0] < some["activations"][0] < none["activations"][0]
     assert none["recompute workspace"].sum() == 0 < full["recompute workspace"].sum()
     assert full["activations"][0] + full["recompute workspace"][0] < none["activations"][0] / 2
     # the workspace is one segment's (the largest: an attention half-block's), far less than
@@ -208,7 +219,7 @@ def test_the_search_recomputes_only_where_nothing_fits_without(tmp_path):
     plan = tmp_path / "plan.json"
     doc = optimize(model, spec, plan, 4, "--strategy", "parallel_only", "--memory-limit", f"{limit}B")
     got = load_plan(plan)
-    assert got.training.recompute is Recompute.FULL and max(doc["predicted"]["memory_bytes"]) <= limit
+    assert got.training.recompute is not Recompute.NONE and max(doc["predicted"]["memory_bytes"]) <= limit
     assert loose["predicted"]["step_time_ms"] < doc["predicted"]["step_time_ms"]
     assert got.training.micro_batches <= 4      # (the fewest with which it fits, recomputing)
     out = run_json(plan, "--steps", "2", "--check", "--optimizer", "sgd", ranks=1)

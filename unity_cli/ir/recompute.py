@@ -11,9 +11,15 @@ step of their own: not sources, not layouts of sources, ``ir/schedule.py``) in n
 cut where the fewest activations are alive (:func:`segments`: in a transformer, at each
 residual stream between half-blocks; in an MLP, between layers), each holding at least
 one operator that reads a trainable weight. Under ``full`` recomputation every node of a
-segment whose gradient flows is recomputed, except the graph's output (the loss reads it);
-backward recomputes a segment's nodes, in order, right before the backward of its last
-node, and frees them when the segment's backward is done. What a segment reads from
+segment whose gradient flows is recomputed, except the graph's output (the loss reads it).
+Under ``selective`` the operators that read a trainable weight (the products: linear layers,
+convolutions, embeddings) are not recomputed: they keep their context, so the inputs they
+read stay alive, and backward recomputes only the rest (norms, activations, elementwise
+work, rotary embeddings, the attention score chain and its softmax), the memory-heavy and
+cheap part (Korthikanti et al., 2022; Megatron-LM's ``--recompute-granularity selective``
+recomputes the attention core the same way). In both modes
+backward recomputes a segment's recomputed nodes, in order, right before the backward of
+the last of them, and frees them when the segment's backward is done. What a segment reads from
 outside it (its input: the residual stream) stays alive from forward until then.
 """
 from __future__ import annotations
@@ -31,6 +37,7 @@ class Recompute(StrEnum):
     """What a step recomputes (the module docstring)."""
 
     NONE = "none"
+    SELECTIVE = "selective"
     FULL = "full"
 
 
@@ -39,7 +46,8 @@ def activation_nodes(pcg: PCG, layout: Sequence[int | None]) -> list[int]:
     return [i for i, n in pcg if not n.spec.is_source and layout[i] is None]
 
 
-def _reads_weight(pcg: PCG, i: int, layout: Sequence[int | None]) -> bool:
+def reads_weight(pcg: PCG, i: int, layout: Sequence[int | None]) -> bool:
+    """Whether node ``i`` reads a trainable weight (directly or through a layout of it)."""
     def src(r: TensorRef) -> int:
         s = layout[r.node]
         return r.node if s is None else s
@@ -67,7 +75,7 @@ def segments(pcg: PCG, layout: Sequence[int | None]) -> tuple[tuple[int, ...], .
             alive[k + 1] += 1
             alive[last + 1] -= 1
     alive = np.cumsum(alive)
-    weighted = [k for k, i in enumerate(acts) if _reads_weight(pcg, i, layout)]
+    weighted = [k for k, i in enumerate(acts) if reads_weight(pcg, i, layout)]
     if len(weighted) < 2:
         return (tuple(acts),)
     least = int(alive[weighted[0] + 1:weighted[-1] + 1].min())
@@ -76,7 +84,7 @@ def segments(pcg: PCG, layout: Sequence[int | None]) -> tuple[tuple[int, ...], .
     out: list[list[int]] = []
     has_weight = False
     for run in runs:
-        heavy = any(_reads_weight(pcg, i, layout) for i in run)
+        heavy = any(reads_weight(pcg, i, layout) for i in run)
         if out and not (heavy and has_weight):
             out[-1].extend(run)
             has_weight = has_weight or heavy
@@ -89,12 +97,15 @@ def segments(pcg: PCG, layout: Sequence[int | None]) -> tuple[tuple[int, ...], .
 def recomputed(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRef],
                mode: Recompute) -> tuple[tuple[int, ...], ...]:
     """Per segment (:func:`segments`, in order), the nodes backward recomputes: under
-    ``full`` those whose gradient flows, but the graph's outputs; none under ``none``."""
+    ``full`` those whose gradient flows, but the graph's outputs; under ``selective`` those
+    of them that read no trainable weight; none under ``none``."""
     if mode is Recompute.NONE:
         return ()
     outputs = {r.node for r in pcg.outputs}
+    selective = mode is Recompute.SELECTIVE
     return tuple(tuple(i for i in seg if i not in outputs and
-                       any(TensorRef(i, k) in grads for k in range(len(pcg.nodes[i].outputs))))
+                       any(TensorRef(i, k) in grads for k in range(len(pcg.nodes[i].outputs))) and
+                       not (selective and reads_weight(pcg, i, layout)))
                  for seg in segments(pcg, layout))
 
 

@@ -134,7 +134,7 @@ def step_text(plan: Plan) -> str:
     if t.zero:
         parts.append(f"ZeRO-{t.zero}: {ZERO_WORDS[t.zero]}")
     if t.recompute is not Recompute.NONE:
-        parts.append(f"{t.recompute} recomputation: each segment's forward run again in backward, its input kept")
+        parts.append(f"{t.recompute} recomputation: {RECOMPUTE_WORDS[t.recompute]}")
     return "; ".join(parts)
 
 
@@ -142,6 +142,10 @@ ZERO_WORDS = {1: "each weight's optimizer state (and fp32 master) sharded over i
               2: "optimizer state and gradients sharded over the replicas",
               3: "weights, gradients and optimizer state sharded over the replicas"}
 """What each ZeRO stage shards, in the summary's words (``ir/training.py``)."""
+RECOMPUTE_WORDS = {Recompute.SELECTIVE: "what the weighted products read kept, the rest of each segment "
+                                        "(norms, activations, attention scores) run again in backward",
+                   Recompute.FULL: "each segment's forward run again in backward, its input kept"}
+"""What each recomputation mode keeps and runs again, in the summary's words (``ir/recompute.py``)."""
 
 
 def memory_breakdown(plan: Plan) -> dict[str, int]:
