@@ -19,7 +19,8 @@ from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.search.baselines import hybrid_degrees, strategy_name
 from unity_cli.search.optimize import HYBRID, _named_hybrid, best_hybrid, price_hybrid
-from unity_cli.search.step import best_uniform, optimize_step
+from unity_cli.search.step import attention_rewritten, best_uniform, optimize_step
+from unity_cli.substitutions.cache import load_cache
 
 
 def _graphs(path, batch: int):
@@ -89,3 +90,27 @@ def test_the_step_shape_given_is_kept_and_nothing_that_fits_is_one_error(tmp_pat
     assert best_uniform(graph_for, 8, c, tiny) is None
     with pytest.raises(InfeasibleError, match="no plan fits"):
         optimize_step(graph_for, 8, c, tiny, max_candidates=5)
+
+
+def test_every_attention_chain_is_rewritten_before_the_shape_is_chosen(tmp_path):
+    """The memory-efficient Attention decides what fits: the step's shape is chosen on the
+    graph with every chain rewritten (each rewrite in the plan's path, proved like any
+    other) where that is faster, and never on a slower graph than the one given."""
+    path = tmp_path / "l.onnx"
+    zoo.write("llama2-70b", path, "small")
+    graph_for, c = _graphs(path, 8), load_cluster("summit-192:12")
+    rules = load_cache(None).rules
+    g, applied = attention_rewritten(graph_for(1), rules)
+    layers = sum(1 for _, n in graph_for(1) if n.kind == "Softmax")
+    assert layers >= 2 and len(applied) == layers
+    assert sum(1 for _, n in g if n.kind == "Attention") == layers and not any(n.kind == "Softmax" for _, n in g)
+    assert attention_rewritten(g, rules) == (g, ())          # nothing left to rewrite
+    assert attention_rewritten(graph_for(1), ()) == (graph_for(1), ())
+    plain = CostConfig(DType.FLOAT32, Optimizer.ADAM)
+    config = replace(plain, memory_limit=int(max(best_hybrid(graph_for(1), c, plain)[0].report.memory) * 0.5))
+    without, _ = optimize_step(graph_for, 8, c, config, max_candidates=20)
+    got, k = optimize_step(graph_for, 8, c, config, rules=rules, max_candidates=20)
+    assert got.chosen.report.step_time <= without.chosen.report.step_time * (1 + 1e-9)
+    made = [a for a in got.rewrites if a.rule_id in {r.id for r in rules if r.makes_attention}]
+    assert len(made) == layers, [a.rule_name for a in got.rewrites]
+    assert sum(1 for _, n in got.chosen.baseline.pcg if n.kind == "Attention") == layers

@@ -15,6 +15,13 @@
    chosen plan is then priced at each free ZeRO stage (the same parallelization, its state
    sharded otherwise) and the fastest that fits is kept.
 
+Both moves run on the graph as given and, where it holds an attention chain, on the graph
+with every chain made one memory-efficient Attention (:func:`attention_rewritten`: the
+verified rules of ``substitutions/attention_rules.py``, applied wherever they match). That
+rewrite changes what fits, and so the shape and the parallelization: the faster best
+configuration decides which graph the search starts from, and its rewrites head the plan's
+path (proved before the plan is written, as every rewrite is).
+
 Where no uniform configuration fits, the search itself looks for the shape: the fewest
 micro-batches with which its plan fits, at the leanest stage, without and with
 recomputation. Every step is a count of pricings and searches, never the clock.
@@ -34,8 +41,11 @@ from ..errors import InfeasibleError, UnityError, UsageError
 from ..ir.pcg import PCG
 from ..ir.recompute import Recompute
 from ..ir.training import ZERO_STAGES, Training
+from ..ir.validate import validate
+from ..substitutions.match import apply_match, find_matches
+from ..substitutions.rule import Rule
 from .baselines import Baseline, Strategy, hybrid, hybrid_degrees, strategy_name
-from .joint import faster
+from .joint import Applied, faster
 from .optimize import (
     HYBRID,
     SEARCHES,
@@ -160,6 +170,21 @@ def _named(b: Baseline, tp: int, dp: int, train: Training) -> Baseline:
     return replace(b, name=name, description=b.description.replace(b.name, name, 1) + step)
 
 
+def attention_rewritten(pcg: PCG, rules: Sequence[Rule]) -> tuple[PCG, tuple[Applied, ...]]:
+    """``pcg`` with every rule that makes a memory-efficient Attention (``Rule.makes_attention``)
+    applied wherever it matches, the longest chains first, and the rewrites in order (each
+    proved like any other before a plan is written)."""
+    path: list[Applied] = []
+    for rule in sorted((r for r in rules if r.makes_attention), key=lambda r: (-len(r.src.nodes), r.id)):
+        while ms := find_matches(pcg, rule, limit=1):
+            node = pcg.nodes[ms[0].root]
+            pcg = apply_match(pcg, ms[0], check=False)
+            path.append(Applied(rule.id, rule.name, False, node.name or node.kind))
+    if path:
+        validate(pcg)
+    return pcg, tuple(path)
+
+
 def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
                   strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
                   recompute: Recompute | None = None, **search: Any) -> tuple[SearchResult, int]:
@@ -180,19 +205,35 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     stages = ZERO_STAGES if zero is None else (zero,)
     ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
     modes = tuple(Recompute) if recompute is None else (recompute,)
+    rewritten: dict[int, tuple[PCG, tuple[Applied, ...]]] = {}
+
+    def attention_for(k: int) -> PCG:
+        if k not in rewritten:
+            rewritten[k] = attention_rewritten(graph_for(k), search.get("rules", ()))
+        return rewritten[k][0]
+
     budget = search.get("budget")
     try:
         with ceiling(None if budget is None else (search.get("started") or time.monotonic()) + UNIFORM_SHARE * budget):
-            uniform = best_uniform(graph_for, batch, cluster, config, stages, ks, modes)
+            # on the graph as given and, where it holds an attention chain, with every chain
+            # one memory-efficient Attention: the rewrite decides what fits, so both are priced
+            found = [(best_uniform(graph_for, batch, cluster, config, stages, ks, modes), graph_for)]
+            if attention_for(ks[0]) is not graph_for(ks[0]):
+                found.append((best_uniform(attention_for, batch, cluster, config, stages, ks, modes), attention_for))
     except OutOfTime:   # the searches plan the plain step with the time left
         train = Training(stages[0], ks[0], modes[0])
         return optimize(graph_for(ks[0]), cluster, replace(config, training=train), strategy, **search), ks[0]
-    if uniform is None:
+    found = [(u, g) for u, g in found if u is not None]
+    if not found:
         return _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, search)
+    uniform, graph = min(found, key=lambda f: (not f[0].row.report.feasible, f[0].row.report.step_time))
     train = uniform.training
-    result = optimize(graph_for(train.micro_batches), cluster, replace(config, training=train), strategy,
+    k = train.micro_batches
+    result = optimize(graph(k), cluster, replace(config, training=train), strategy,
                       hybrid_row=(uniform.row, uniform.tried), **search)
-    return (_restaged(result, cluster, config, stages) if zero is None else result), train.micro_batches
+    if graph is attention_for:  # every row was priced on the rewritten graph
+        result = replace(result, rewrites=rewritten[k][1] + tuple(result.rewrites))
+    return (_restaged(result, cluster, config, stages) if zero is None else result), k
 
 
 def _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, search) -> tuple[SearchResult, int]:

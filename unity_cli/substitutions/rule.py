@@ -125,6 +125,13 @@ class Rule:
         and takes away the product's split along its contracted dim."""
         return any(k == "activation" and v for n in self.src.nodes + self.dst.nodes for k, v in n.attrs)
 
+    @property
+    def makes_attention(self) -> bool:
+        """Whether it makes one memory-efficient Attention of the chain an export writes
+        (``attention_rules.py``): the searches apply it wherever it matches before they choose
+        the step's shape (``search/step.py``), since it decides what fits."""
+        return any(n.kind == OpKind.Attention for n in self.dst.nodes)
+
     def reversed(self) -> Rule:
         """The rule read right to left (made once per rule: every search of a run reverses
         the same rules)."""
