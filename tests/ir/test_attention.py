@@ -311,3 +311,32 @@ def test_cost_counts_both_products_and_keeps_one_number_per_query_row():
 def test_attrs_round_trip_through_json():
     attrs = AttentionAttrs(0.125, True, False)
     assert attrs_from_json(attrs_to_json(attrs)) == attrs
+
+
+def test_no_attention_is_made_where_its_mask_needs_a_gradient():
+    """Swin's scores add a learned relative-position bias: the kernels give the mask no
+    gradient, so the rewrite is refused there (it would train the bias wrongly), while
+    Whisper's constant masks are rewritten; every Attention made reads a mask nothing trains."""
+    from pathlib import Path
+
+    from unity_cli.ir.schedule import needs_grad
+    from unity_cli.onnx_import import ImportOptions, import_model
+    from unity_cli.search.step import attention_rewritten
+    from unity_cli.substitutions.cache import load_cache
+    from unity_cli.substitutions.match import RewriteError, apply_match, find_matches
+
+    hf = Path(__file__).resolve().parents[1] / "models" / "hf"
+    rules = [r for r in load_cache(None).rules if r.makes_attention]
+    swin = import_model(hf / "swin_dynamo.onnx", ImportOptions(None, {})).pcg
+    matches = [m for r in rules for m in find_matches(swin, r)]
+    assert matches
+    for m in matches:
+        with pytest.raises(RewriteError, match="needs its gradient"):
+            apply_match(swin, m, check=False)
+    assert attention_rewritten(swin, rules) == (swin, ())
+    whisper = import_model(hf / "whisper_dynamo.onnx", ImportOptions(None, {})).pcg
+    g, path = attention_rewritten(whisper, rules)
+    made = g.by_kind.get("Attention", ())
+    assert made and len(path) == len(made)
+    grads = needs_grad(g, g.outputs[0])
+    assert not any(g.nodes[i].inputs[3] in grads for i in made if g.nodes[i].op.mask)

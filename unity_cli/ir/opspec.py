@@ -216,6 +216,12 @@ class OpSpec:
         memory model counts where they are made): a fused activation's input. Default 0."""
         return 0
 
+    def no_grad_inputs(self, attrs: Any) -> tuple[int, ...]:
+        """The inputs the kernel's backward gives no gradient (taken as constants): a rewrite
+        may not make this operator where such an input needs one (``substitutions/match.py``).
+        Default none."""
+        return ()
+
     selective_backward: ClassVar[bool] = False
     """Whether the kernel's backward makes only the input gradients it is asked for (a
     product skips ``dX`` of a graph input: a whole GEMM); the cost then prices only those

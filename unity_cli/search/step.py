@@ -42,7 +42,7 @@ from ..ir.pcg import PCG
 from ..ir.recompute import Recompute
 from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import validate
-from ..substitutions.match import apply_match, find_matches
+from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
 from .baselines import Baseline, Strategy, hybrid, hybrid_degrees, strategy_name
 from .joint import Applied, faster
@@ -176,9 +176,14 @@ def attention_rewritten(pcg: PCG, rules: Sequence[Rule]) -> tuple[PCG, tuple[App
     proved like any other before a plan is written)."""
     path: list[Applied] = []
     for rule in sorted((r for r in rules if r.makes_attention), key=lambda r: (-len(r.src.nodes), r.id)):
-        while ms := find_matches(pcg, rule, limit=1):
-            node = pcg.nodes[ms[0].root]
-            pcg = apply_match(pcg, ms[0], check=False)
+        refused = 0      # matches in order; one refused (a mask that needs a gradient) stays
+        while len(ms := find_matches(pcg, rule, limit=refused + 1)) > refused:
+            node = pcg.nodes[ms[refused].root]
+            try:
+                pcg = apply_match(pcg, ms[refused], check=False)
+            except RewriteError:
+                refused += 1
+                continue
             path.append(Applied(rule.id, rule.name, False, node.name or node.kind))
     if path:
         validate(pcg)
@@ -193,15 +198,20 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     micro-batch size of ``k`` micro-batches of the global ``batch``; ``search`` is
     ``optimize``'s other options. What is given (``--strategy ...,zero=Z,mb=K,recompute=R``
     gives all three; ``--zero``, ``--micro-batches``, ``--recompute``) is kept; a strategy
-    that is not a search takes the defaults for the rest."""
+    that is not a search takes the defaults for the rest, and is priced on the graph with
+    every attention chain one memory-efficient Attention (as Megatron-LM and FSDP users
+    train, with FlashAttention), so a search is held to what people really run."""
     if micro_batches is not None and batch % micro_batches:
         raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
                          f"batch {batch} (--batch-size is the global batch of a step)")
-    searched = strategy in SEARCHES or strategy == Strategy.BEST
-    if not searched or zero is not None and micro_batches is not None and recompute is not None:
+    if strategy not in SEARCHES and strategy != Strategy.BEST:
+        # A configuration a person writes (or a baseline), priced as people train: with a
+        # memory-efficient attention (FlashAttention) wherever the model holds the chain.
         train = Training(zero or 0, micro_batches or 1, recompute or Recompute.NONE)
         k = train.micro_batches
-        return optimize(graph_for(k), cluster, replace(config, training=train), strategy, **search), k
+        graph, path = attention_rewritten(graph_for(k), search.get("rules", ()))
+        result = optimize(graph, cluster, replace(config, training=train), strategy, **search)
+        return replace(result, rewrites=path + tuple(result.rewrites)), k
     stages = ZERO_STAGES if zero is None else (zero,)
     ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
     modes = tuple(Recompute) if recompute is None else (recompute,)

@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ShapeError
+from ..ir.opspec import OpSpec, spec_by_kind
 from ..ir.pcg import PCG, GraphBuilder, TensorRef
+from ..ir.schedule import needs_grad
 from ..ir.simplify import prune
 from ..ir.validate import problems
 from .codec import instantiate, matches_attrs, moved_names
@@ -375,8 +377,29 @@ def apply_match(pcg: PCG, m: Match, params: Mapping[str, int] | None = None, che
     if done != len(deps):
         raise RewriteError(f"rule {m.rule.id} at %{m.root}: the rewrite would create a cycle")
     out = prune(b.build([remap[r] for r in pcg.outputs]))
+    why = _constant_needs_grad(out, {n.kind for n in m.rule.dst.nodes})
+    if why:
+        raise RewriteError(f"rule {m.rule.id} at %{m.root}: {why}")
     if check:
         bad = problems(out)
         if bad:
             raise RewriteError(f"rule {m.rule.id} at %{m.root}: {bad[0]}")
     return out
+
+
+def _constant_needs_grad(g: PCG, kinds: set[str]) -> str | None:
+    """Why ``g`` cannot be trained as built (None: it can): an operator of ``kinds`` whose
+    backward gives one of its inputs no gradient (``OpSpec.no_grad_inputs``: Attention's
+    mask) reads there a tensor whose gradient training needs (a learned additive bias)."""
+    kinds = {k for k in kinds if type(spec_by_kind(k)).no_grad_inputs is not OpSpec.no_grad_inputs}
+    if not kinds or not g.outputs:
+        return None
+    grads = needs_grad(g, g.outputs[0])
+    for kind in sorted(kinds):
+        for i in g.by_kind.get(kind, ()):
+            n = g.nodes[i]
+            for pos in n.spec.no_grad_inputs(n.op):
+                if n.inputs[pos] in grads:
+                    return (f"{n.name or n.kind} ({kind}) takes input {pos} as a constant, but training needs its "
+                            "gradient")
+    return None

@@ -16,8 +16,9 @@ makes it from the chain (``substitutions/attention_rules.py``): the chain's scal
 constant tensor, which no rule can read as a number, so the rewrite passes it as ``factor``.
 
 The mask is taken as a constant (a causal or padding mask): backward gives it no gradient,
-which for a [Sq, Sk] mask would be a score-sized tensor. A trainable additive bias would need
-a backward that makes that gradient when asked for it.
+which for a [Sq, Sk] mask would be a score-sized tensor, so no rewrite makes an Attention
+whose mask needs one (``no_grad_inputs``: a learned additive bias, as Swin's relative
+position bias, keeps its chain). Making that gradient when asked for it is not built.
 
 Parallelization: the batch and head dims split through, as does the query axis (each piece
 takes the mask's rows of its queries); the key axis and the head dim stay whole. The output
@@ -255,6 +256,10 @@ class Attention(OpSpec):
         return OpCost(2 * e * d + 2 * e * dv + SOFTMAX_FLOPS * e, moved + out.nbytes + lse,
                       6 * e * d + 4 * e * dv + SOFTMAX_FLOPS * e,
                       moved + 2 * out.nbytes + lse + sum(t.nbytes for t in (p.q, p.k, p.v)))
+
+    def no_grad_inputs(self, attrs):
+        """The mask (a constant: backward makes no score-sized gradient for it)."""
+        return (3,) if attrs.mask else ()
 
     def kept_elements(self, attrs, outputs):
         """The log-sum-exp of each query row, beside the output: never a score."""
