@@ -19,6 +19,9 @@ with ``--strategy``:
   state sharded, full recomputation (``tp=1,dp=N,zero=3,...,recompute=full``: PyTorch FSDP's
   ``FULL_SHARD`` with activation checkpointing), one sequence per GPU per micro-batch.
 
+Every row is priced with the memory-efficient attention where the model holds the chain
+(``--strategy`` prices a configuration as people train it, with FlashAttention).
+
 On one node ``tp=8,dp=1`` is pure tensor parallelism; across nodes pure tensor parallelism
 (``tp=N``) has more ways than the models have heads, so it is not a row.
 
