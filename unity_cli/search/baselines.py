@@ -23,7 +23,7 @@ model gets a valid plan.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from ..cluster.spec import ClusterSpec
@@ -109,9 +109,20 @@ def hybrid(pcg: PCG, tp: int, dp: int, training: Training = Training()) -> Basel
     if tp < 1 or dp < 1:
         raise ShapeError(f"tp={tp},dp={dp}: degrees must be positive")
     g, replicated, note = _megatron(pcg, tp, dp)
+    name = hybrid_name(tp, dp)
+    return retrained(Baseline(name, g, tp * dp, f"{name}: {hybrid_layout(tp, dp)}{note}", replicated, (tp, dp)),
+                     training)
+
+
+def retrained(b: Baseline, training: Training) -> Baseline:
+    """The hybrid ``b`` (as :func:`hybrid` builds it under the default step) named and
+    described with the step's shape ``training``: one graph priced under several shapes is
+    built once."""
+    if training.default:
+        return b
+    tp, dp = b.degrees
     name = strategy_name(tp, dp, training)
-    step = f", {training.describe()}" if not training.default else ""
-    return Baseline(name, g, tp * dp, f"{name}: {hybrid_layout(tp, dp)}{note}{step}", replicated, (tp, dp))
+    return replace(b, name=name, description=f"{name}{b.description.removeprefix(b.name)}, {training.describe()}")
 
 
 def hybrid_layout(tp: int, dp: int, transposed: bool = False) -> str:

@@ -160,7 +160,7 @@ class JointSearch:
             self.stats.candidates += 1
             self._found(f)
             best = _better(best, f)
-            heapq.heappush(heap, (_key(rep), g.unordered_hash, f))
+            heapq.heappush(heap, (rank(rep), g.unordered_hash, f))
         assert best is not None
         self._improved_at = self.stats.candidates
         cut = False
@@ -187,7 +187,7 @@ class JointSearch:
                     self._improved_at = self.stats.candidates
                 best = _better(best, f)
                 if rep.feasible and rep.step_time <= self.alpha * best.report.step_time:
-                    heapq.heappush(heap, (_key(rep), h, f))
+                    heapq.heappush(heap, (rank(rep), h, f))
                 if self.progress:
                     self.progress(self.stats, best.report.step_time, deadline - time.monotonic())
                 if time.monotonic() >= deadline or self._full() or self._stale():
@@ -237,7 +237,8 @@ convolutions fused is 0.00001 ms slower than the unfused one on the default view
 0.48 ms against 0.63 once the DP has laid out each (its branches on devices of their own)."""
 
 
-def _key(rep: CostReport) -> tuple:
+def rank(rep: CostReport) -> tuple:
+    """The order plans are compared in: those that fit first, then the faster."""
     return (not rep.feasible, rep.step_time)
 
 

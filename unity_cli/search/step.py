@@ -44,8 +44,8 @@ from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import validate
 from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
-from .baselines import Baseline, Strategy, hybrid, hybrid_degrees, strategy_name
-from .joint import Applied, faster
+from .baselines import Baseline, Strategy, hybrid, hybrid_degrees, retrained
+from .joint import Applied, faster, rank
 from .optimize import (
     HYBRID,
     SEARCHES,
@@ -139,11 +139,11 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
                     train = Training(z, k, r)
                     b = layout(k, tp, dp)
                     assert b is not None
-                    fitting.append((_named(b, tp, dp, train), train))
+                    fitting.append((retrained(b, train), train))
     if not fitting:
         return None
     tried = [price_hybrid(b, cluster, shaped(t), mapped=True, dp_mapped=False) for b, t in fitting]
-    order = sorted(range(len(tried)), key=lambda i: (not tried[i].report.feasible, tried[i].report.step_time))
+    order = sorted(range(len(tried)), key=lambda i: rank(tried[i].report))
     fastest = tried[order[0]].report.step_time
     for i in order:     # the machine-mapping DP lays out those that may win by it
         if tried[i].report.step_time > fastest * MAPPED_WITHIN:
@@ -153,21 +153,13 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
         if _better(laid.report, tried[i].report):
             tried[i] = replace(laid, baseline=tried[i].baseline)
             fastest = min(fastest, laid.report.step_time)
-    at = min(range(len(tried)), key=lambda i: (not tried[i].report.feasible, tried[i].report.step_time))
+    at = min(range(len(tried)), key=lambda i: rank(tried[i].report))
     won, train = tried[at], fitting[at][1]
     b = won.baseline
     others = (f"the fastest of {len(tried)} uniform configurations that fit (tp x dp = {n}, each ZeRO stage and "
               "recomputation at its fewest micro-batches)")
     return Uniform(replace(won, baseline=replace(b, name=HYBRID, description=f"{b.description}; {others}")),
                    train, tuple(tried))
-
-
-def _named(b: Baseline, tp: int, dp: int, train: Training) -> Baseline:
-    """The hybrid ``b`` (built under the default step) named and described with the step
-    shape it is priced under, as ``hybrid(pcg, tp, dp, train)`` would (without building it again)."""
-    name = strategy_name(tp, dp, train)
-    step = f", {train.describe()}" if not train.default else ""
-    return replace(b, name=name, description=b.description.replace(b.name, name, 1) + step)
 
 
 def attention_rewritten(pcg: PCG, rules: Sequence[Rule]) -> tuple[PCG, tuple[Applied, ...]]:
@@ -236,7 +228,7 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     found = [(u, g) for u, g in found if u is not None]
     if not found:
         return _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, search)
-    uniform, graph = min(found, key=lambda f: (not f[0].row.report.feasible, f[0].row.report.step_time))
+    uniform, graph = min(found, key=lambda f: rank(f[0].row.report))
     train = uniform.training
     k = train.micro_batches
     result = optimize(graph(k), cluster, replace(config, training=train), strategy,
