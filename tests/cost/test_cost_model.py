@@ -236,17 +236,18 @@ def test_zero_shards_the_optimizer_over_the_replicas(tiny_mlp, dgx8, dtype, kept
 def test_zero2_shards_the_gradients_and_reduce_scatters_each_micro_batch(tiny_mlp, dgx8, dtype, grad, sharded,
                                                                          devices, micro):
     """ZeRO-2 against ZeRO-1: each replica keeps 1/d of the gradient as well (float32 4 + 12/d,
-    mixed 2 + 16/d per parameter), and sends one more reduce-scatter of the padded flat
-    buffer per micro-batch after the first."""
+    mixed 2 + 16/d per parameter), and reduce-scatters each micro-batch, each weight on its
+    own (as soon as backward has made its gradient) where ZeRO-1 sends one flat buffer once:
+    each weight's shard padded on its own, the reduce-scatters and the gathers after the update."""
     pcg = import_model(tiny_mlp, ImportOptions(12)).pcg
     one = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(1, micro))).report
     two = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(2, micro))).report
     per_weight = [16 * 32, 32 * 8]
     saved = sum(w * grad - -(-w * grad // devices) for w in per_weight)
     assert [a - b for a, b in zip(one.memory, two.memory)] == [saved] * devices
-    shard = -(-PARAMS // devices)
-    assert [b - a for a, b in zip(one.comm_bytes, two.comm_bytes)] == [(micro - 1) * (devices - 1) * shard * 4] * \
-        devices
+    flat, each = -(-PARAMS // devices), sum(-(-w // devices) for w in per_weight)
+    assert [b - a for a, b in zip(one.comm_bytes, two.comm_bytes)] == \
+        [(devices - 1) * 4 * ((micro + 1) * each - 2 * flat)] * devices
     assert two.step_time >= one.step_time
     assert two.training == Training(2, micro)
 

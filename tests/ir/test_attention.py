@@ -305,7 +305,7 @@ def test_cost_counts_both_products_and_keeps_one_number_per_query_row():
     assert cost.fwd_flops == 4 * scores * d + SOFTMAX_FLOPS * scores
     assert cost.bwd_flops == 10 * scores * d + SOFTMAX_FLOPS * scores      # recompute, dV, dP, dQ, dK
     assert cost.fwd_bytes < scores * 4                                      # no score is written
-    assert SPEC.kept_elements(attrs, [out]) == n * h * sq
+    assert SPEC.saved(attrs, ins, [out]).extra_bytes() == (n * h * sq + 1) * 4   # the log-sum-exp, the multiplier
 
 
 def test_attrs_round_trip_through_json():

@@ -91,4 +91,8 @@ def run_json(plan: Path | str, *args: str, ranks: int = 2, **kw) -> dict:
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, r.stdout           # rank 0 only
-    return json.loads(lines[0])
+    doc = json.loads(lines[0])
+    memory = doc["memory_bytes"]           # every run holds the bytes its plan predicts (runtime/ledger.py)
+    assert memory["parts"]["measured"] == memory["parts"]["predicted"], memory
+    assert memory["measured"] == memory["predicted"]
+    return doc

@@ -81,5 +81,7 @@ def test_summary_shows_both(plans):
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith("bytes")]
     assert [row[1] for row in rows] == ["measured", "predicted"] and "(equal)" in r.stdout
     assert rows[0][2:4] == rows[1][2:4]            # rank 0's and rank 1's bytes
-    (memory,) = [line for line in r.stdout.splitlines() if line.startswith("memory")]
-    assert "peak resident" in memory and "MiB" in memory
+    lines = r.stdout.splitlines()
+    at = next(k for k, line in enumerate(lines) if line.startswith("memory"))
+    assert "measured" in lines[at] and "predicted" in lines[at] and "equal on every rank" in lines[at]
+    assert "peak resident" in lines[at + 1] and "MiB" in lines[at + 1]

@@ -161,6 +161,7 @@ def test_recomputing_trains_like_one_process_and_sends_what_it_predicts(plans, t
     doc = run_json(plan, "--steps", "2", "--check", ranks=ranks)
     assert doc["check"]["passed"], doc["check"]
     assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"] == loaded.comm_bytes
+    assert doc["memory_bytes"]["parts"]["measured"] == doc["memory_bytes"]["parts"]["predicted"]
     # a resharding inside a recomputed segment runs again; nothing else is sent twice
     again, once = loaded.comm_bytes, load_plan(kept).comm_bytes
     assert all(a >= b for a, b in zip(again, once, strict=True))

@@ -59,6 +59,8 @@ def test_trains_like_one_process_and_sends_what_it_predicts(plans, tmp_path, mod
     assert doc["check"]["passed"], doc["check"]
     assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"] == loaded.comm_bytes
     assert sum(doc["comm_bytes"]["measured"]) > 0
+    assert doc["memory_bytes"]["measured"] == doc["memory_bytes"]["predicted"]
+    assert doc["memory_bytes"]["parts"]["measured"] == doc["memory_bytes"]["parts"]["predicted"]
 
 
 def test_adam_state_on_shards_updates_like_whole_weights(plans, tmp_path):

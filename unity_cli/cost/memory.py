@@ -69,7 +69,8 @@ def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[i
         out = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
                                    not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
                                    else o.dtype.itemsize) for o in n.outputs)
-        kept = n.spec.kept_elements(n.op, [o.piece for o in n.outputs]) * config.dtype.itemsize
+        kept = n.spec.saved(n.op, [pcg.shape(r).piece for r in n.inputs],
+                            [o.piece for o in n.outputs]).extra_bytes(config.dtype.itemsize)
         s = segment.get(i)
         if s is None:
             np.add.at(acc["inputs and constants" if src is not None else "activations"], at, out + kept)

@@ -37,7 +37,7 @@ from ..ir.pieces import piece_op
 from ..ir.recompute import recomputed, weight_passes
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
-from ..ir.training import Training, WeightBytes
+from ..ir.training import OPTIMIZER_STATES, Training, WeightBytes
 from .compute import piece_shapes, roofline
 from .memory import MEMORY_PARTS, memory_account, memory_per_device, stored_nodes
 from .moves import Move, Structure, device_array, node_moves, phase_seconds, sent_rounded_parts
@@ -57,7 +57,7 @@ class Optimizer(Enum):
 
     @property
     def states(self) -> int:
-        return {"sgd": 0, "momentum": 1, "adam": 2}[self.value]
+        return OPTIMIZER_STATES[self.value]
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,8 +123,10 @@ def ready_index(pcg: PCG, residents: Iterable[int]) -> int:
 def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zero: int = 0
                  ) -> tuple[SyncBucket, ...]:
     """The gradient sync's all-reduces, in the order a rank issues them (see the module
-    docstring); ``weights`` in plan order. Every rank computes the same tuple. Under ZeRO-3
-    (``zero``) each weight is its own bucket (the unit gathered before it is read)."""
+    docstring); ``weights`` in plan order. Every rank computes the same tuple. Under ZeRO-2
+    and 3 (``zero``) each weight is its own bucket, reduce-scattered as soon as its gradient
+    is whole (so no rank holds a whole gradient longer), and under ZeRO-3 the unit gathered
+    before it is read."""
     if bucket_bytes < 0:
         raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
     members: dict[tuple[Group, str], list[tuple[int, int, int, int]]] = {}
@@ -135,9 +137,12 @@ def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zer
                 members.setdefault((group, w.dtype), []).append((-ready, position, w.weight, nbytes))
     out: list[tuple[tuple, SyncBucket]] = []
     for (group, dtype), ms in members.items():
-        if bucket_bytes == 0:
+        if zero >= 2:      # each weight's reduce-scatter as soon as backward has made its gradient
+            ms.sort()
+            chunks = [[m] for m in ms]
+        elif bucket_bytes == 0:
             ms.sort(key=lambda m: m[1])
-            chunks = [[m] for m in ms] if zero >= 3 else [ms]
+            chunks = [ms]
         else:
             ms.sort()
             chunks, acc = [[]], 0
@@ -148,7 +153,7 @@ def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zer
                 chunks[-1].append(m)
                 acc += m[3]
         for k, chunk in enumerate(chunks):
-            ready = AFTER_BACKWARD if bucket_bytes == 0 else -max(m[0] for m in chunk)
+            ready = AFTER_BACKWARD if bucket_bytes == 0 and zero < 2 else -max(m[0] for m in chunk)
             bucket = SyncBucket(group, dtype, tuple(m[2] for m in chunk), tuple(m[3] for m in chunk), ready)
             out.append(((-ready, group, dtype, k), bucket))
     out.sort(key=lambda kb: kb[0])

@@ -154,6 +154,21 @@ class Imported:
     tensor_inputs: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What a kernel keeps for backward (:meth:`OpSpec.saved`)."""
+
+    inputs: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
+    extra: tuple[TensorShape, ...] = ()
+
+    def extra_bytes(self, float_itemsize: int | None = None) -> int:
+        """The bytes of ``extra``; with ``float_itemsize``, floats counted at that size
+        (the planner's activation dtype)."""
+        return sum(t.numel * (float_itemsize if float_itemsize and t.dtype.is_float else t.dtype.itemsize)
+                   for t in self.extra)
+
+
 class OpSpec:
     """Base class of operator specifications; subclasses override what differs.
 
@@ -211,10 +226,13 @@ class OpSpec:
         flops = float(sum(s.numel for s in outputs))
         return OpCost(flops, moved, 2 * flops, 2 * moved)
 
-    def kept_elements(self, attrs: Any, outputs: Sequence[TensorShape]) -> int:
-        """Elements the kernel keeps for backward beyond its outputs and inputs (which the
-        memory model counts where they are made): a fused activation's input. Default 0."""
-        return 0
+    def saved(self, attrs: Any, inputs: Sequence[TensorShape], outputs: Sequence[TensorShape]) -> Saved:
+        """What the kernel's forward keeps in its context for backward, given the piece
+        shapes: which inputs and outputs (by index), and the shape of each array it makes
+        for it besides (a fused activation's input, a norm's normalized input, an index's
+        mask). The runtime's memory ledger and the memory account read this; a test holds
+        every kernel to it. Default: every input and output, nothing else."""
+        return Saved(tuple(range(len(inputs))), tuple(range(len(outputs))))
 
     def no_grad_inputs(self, attrs: Any) -> tuple[int, ...]:
         """The inputs the kernel's backward gives no gradient (taken as constants): a rewrite

@@ -93,6 +93,11 @@ def shard_elements(numel: int, group: int) -> int:
     return -(-numel // max(1, group))
 
 
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
+"""Arrays of state an optimizer keeps per weight element (the momentum; Adam's two moments),
+by name: what the memory account prices and what the runtime's optimizer makes."""
+
+
 @dataclass(frozen=True, slots=True)
 class WeightBytes:
     """Bytes per parameter, by what holds them.

@@ -24,7 +24,7 @@ from ..errors import UsageError
 from ..ir.opspec import OpKind
 from ..ir.pcg import PCG
 from ..ir.shapes import TensorShape
-from .loss import LossKind, label_shape
+from .loss import LossKind, label_dtype, label_shape
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,7 @@ class Data:
 
     def _check(self, arrays: Mapping[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
         want = {name: (s.dims, s.dtype.numpy) for name, s in self.inputs.items()}
-        label_dtype = np.dtype(np.int64) if self.loss is LossKind.CROSS_ENTROPY else np.dtype(np.float32)
-        want["labels"] = (self.labels_shape, label_dtype)
+        want["labels"] = (self.labels_shape, label_dtype(self.loss))
         missing = sorted(set(want) - set(arrays))
         if missing:
             raise UsageError(f"--data {source}: no array named {missing[0]!r} "
@@ -142,7 +141,7 @@ class Data:
             else:
                 inputs[name] = np.ones(s.dims, dtype=dt)
         if self.loss is LossKind.CROSS_ENTROPY:
-            labels = rng.integers(0, self.classes, size=self.labels_shape).astype(np.int64)
+            labels = rng.integers(0, self.classes, size=self.labels_shape).astype(label_dtype(self.loss))
         else:
-            labels = rng.standard_normal(self.labels_shape).astype(np.float32)
+            labels = rng.standard_normal(self.labels_shape).astype(label_dtype(self.loss))
         return Batch(inputs, labels)

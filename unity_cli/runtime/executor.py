@@ -27,6 +27,7 @@ from ..ir.pieces import piece_attrs, piece_region
 from ..ir.schedule import read_shape
 from ..ir.training import Training
 from .comm import Comm, make_comm
+from .ledger import Ledger
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
 from .phases import Buf, ByteCounter, StepClock, TimedComm, count_call
@@ -128,6 +129,10 @@ class Executor:
         """With ``timings``: the seconds of each forward and backward pass over the tasks."""
         self.clock: StepClock | None = None
         """Set to time each step's phases (``phases.py``); the caller closes each step."""
+        self.ledger: Ledger | None = None
+        """Set to measure the bytes this rank holds between actions (``ledger.py``)."""
+        self.ctx_keys: dict[int, list] = {}
+        self._target: Any = None
         self.loss_scale = 1.0
 
     # -- planning ------------------------------------------------------------------
@@ -172,6 +177,9 @@ class Executor:
         if apply:
             self.params.update(self.grads)
             self._resident = self.params.residents()
+            self.grads = {}
+            if self.ledger:
+                self.ledger.sample()
         else:
             self.pending = self.grads    # --check's one-process run: the gradients, weights untouched
         self.grads = {}
@@ -183,15 +191,19 @@ class Executor:
                      last: bool) -> float:
         """Forward, loss and backward of one micro-batch; the gradients of one before the
         last are added into the weights' buffers (``ParamStore.accumulate``)."""
-        self._inputs = inputs
+        self._inputs, self._target = inputs, target
         self._fed = {}
         self.values: dict[TensorRef, Any] = dict(self._resident)
         self.grads: dict[TensorRef, Any] = {}
         self._fresh: set[TensorRef] = set()
         self.ctx: dict[int, Any] = {}
+        self.ctx_keys = {}
+        ledger = self.ledger
         half = len(self.mine) // 2
         clock = self.clock
-        bucketed = apply and last and self.params.bucket_bytes > 0
+        # the buckets whose gradients are whole start their all-reduce (bucketed, in the last
+        # micro-batch) or their reduce-scatter (ZeRO-2/3, in each)
+        bucketed = apply and (last and self.params.bucket_bytes > 0 or self.params.zero >= 2)
         order = self.order
         loss = 0.0
         t0 = time.perf_counter()
@@ -222,7 +234,7 @@ class Executor:
                     m = self.mine[k]
                     if m.active:
                         self._guard(m, self._backward)
-                    if bucketed:   # the buckets whose gradients are whole start their all-reduce
+                    if bucketed:
                         self.params.backward_passed(self.mine[k - 1].step.node if k else -1, self.grads)
                 case Action.DROP:
                     for i in order.segments[k]:
@@ -234,12 +246,16 @@ class Executor:
                 if w in units:
                     for ref in self._unit_refs[w]:
                         self.values.pop(ref, None)
+            if ledger:
+                ledger.sample()
         if self.timings is not None:
             self.pass_seconds.setdefault("bwd", []).append(time.perf_counter() - t0)
         self.values = {}
         if not last:
             self.params.accumulate(self.grads)
             self.grads = {}
+            if ledger:
+                ledger.sample()
         if clock:
             clock.lap("bwd_compute", "bwd_comm")
         return loss
@@ -286,7 +302,7 @@ class Executor:
             value = self._inputs[node.name] if is_input else self.constants[node.name]
             cache[src] = self.xp.asarray(value)
         shape = self.p.pcg.nodes[i].outputs[0]
-        piece = cache[src][piece_region(shape, rd.coord)]
+        piece = cache[src][piece_region(shape, rd.coord) or ...]   # (a 0-d piece: a view, not a scalar)
         scale = self.p.scale[i]
         if scale != 1:
             piece = piece * piece.dtype.type(scale)
@@ -329,6 +345,8 @@ class Executor:
             outs, ctx = kernels.forward(m.attrs, ins, xp)
             if m.active and keep:
                 self.ctx[i] = ctx
+                if self.ledger:
+                    self.ctx_keys[i] = self.ledger.ctx_keys(m, ins, outs, ctx.saved)
             for k, v in enumerate(outs):
                 self.values[TensorRef(i, k)] = v
             return
@@ -470,10 +488,12 @@ class Executor:
             node = p.pcg.nodes[i]
             gs = [self.grads.pop(TensorRef(i, k), None) for k in range(len(node.outputs))]
             if step.kind is StepKind.COMPUTE:
+                ctx = self.ctx.pop(i, None)
+                self.ctx_keys.pop(i, None)
                 if all(g is None for g in gs):
                     read_grads = [None] * len(t.reads)
                 else:
-                    read_grads = list(kernels.backward(m.attrs, self.ctx.pop(i), gs, xp, m.wanted))
+                    read_grads = list(kernels.backward(m.attrs, ctx, gs, xp, m.wanted))
             else:
                 g = gs[0]
                 match t.assemble:
@@ -628,11 +648,13 @@ def planned_calls(p: Program, me: int, size: int, training: Training = Training(
     # or a reduce-scatter), and after the update the rest (ZeRO's all-gathers)
     buckets = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0, training.zero) if me in b.group]
     mine = [c for b in buckets for c in sync_calls(b, training.zero)]
-    each = [c for c in mine if c.when is SyncWhen.MICRO_BATCH]
+    # ZeRO-2/3: each bucket reduce-scattered once backward has made its gradients (b.ready)
+    scatters = [(b.ready, _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.MICRO_BATCH]))
+                for b in buckets]
     # ZeRO-3: each weight gathered before each pass that reads it
     gathers = {b.weights[0]: _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.BEFORE_USE])
                for b in buckets}
-    calls = (_micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute), gathers) + _sync_calls(each)) \
+    calls = _micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute), gathers, scatters) \
         * training.micro_batches
     calls += _sync_calls([c for c in mine if c.when is SyncWhen.SYNC])
     calls += _sync_calls([c for c in mine if c.when is SyncWhen.AFTER_UPDATE])
@@ -657,9 +679,11 @@ def _sync_calls(calls: Sequence[SyncCall]) -> list[tuple[str, tuple]]:
 
 
 def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder,
-                       gathers: Mapping[int, list[tuple[str, tuple]]]) -> list[tuple[str, tuple]]:
+                       gathers: Mapping[int, list[tuple[str, tuple]]],
+                       scatters: Sequence[tuple[int, list[tuple[str, tuple]]]]) -> list[tuple[str, tuple]]:
     """The calls of :func:`planned_calls` that one micro-batch's forward, loss, recomputes and
-    backward make, in ``order``; ``gathers``: a ZeRO-3 weight's calls before a pass reads it."""
+    backward make, in ``order``; ``gathers``: a ZeRO-3 weight's calls before a pass reads it;
+    ``scatters``: each ZeRO-2/3 bucket's ready index and calls (``ParamStore.backward_passed``)."""
     pcg = p.pcg
     mine = [plan_step(p, me, k, s) for k, s in enumerate(p.steps)]
     calls: list[tuple[str, tuple]] = []
@@ -714,6 +738,7 @@ def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder,
             name = "reduce" if c.kind is CollectiveKind.BCAST else "bcast"
             calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
 
+    issued = 0
     for j, (act, k) in enumerate(order.actions):
         for w in order.first_use.get(j, ()):
             calls.extend(gathers.get(w, ()))
@@ -724,11 +749,15 @@ def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder,
                 loss()
             case Action.BACKWARD:
                 backward(mine[k])
+                after = mine[k - 1].step.node if k else -1
+                while issued < len(scatters) and scatters[issued][0] > after:
+                    calls.extend(scatters[issued][1])
+                    issued += 1
             case Action.DROP:
                 pass
             case _:
                 assert_never(act)
-    return calls
+    return calls + [c for _, cs in scatters[issued:] for c in cs]
 
 
 def planned_sent(p: Program, me: int, size: int, training: Training = Training()) -> ByteCounter:

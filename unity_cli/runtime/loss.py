@@ -50,6 +50,11 @@ def label_shape(kind: LossKind, out_dims: tuple[int, ...]) -> tuple[int, ...]:
     return out_dims[:-1] if kind is LossKind.CROSS_ENTROPY else out_dims
 
 
+def label_dtype(kind: LossKind) -> np.dtype:
+    """Class ids for cross entropy, float32 targets for MSE."""
+    return np.dtype(np.int64) if kind is LossKind.CROSS_ENTROPY else np.dtype(np.float32)
+
+
 def loss_count(kind: LossKind, out_dims: tuple[int, ...]) -> int:
     """How many terms the mean is over."""
     return int(np.prod(label_shape(kind, out_dims), dtype=np.int64))

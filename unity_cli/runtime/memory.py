@@ -12,6 +12,7 @@ defaults. Elsewhere than Linux with glibc it does nothing.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import sys
 
@@ -32,3 +33,33 @@ def keep_freed_memory(environ: dict[str, str] | None = None) -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mapped = mallopt(_M_MMAP_THRESHOLD, _LARGE) or mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_MAX)
     return bool(mapped and mallopt(_M_TRIM_THRESHOLD, _LARGE))
+
+
+def resident() -> tuple[int, int]:
+    """This process's resident memory now and at its peak (since :func:`reset_peak`), in bytes:
+    Linux's ``VmRSS`` and ``VmHWM``; elsewhere the peak ``getrusage`` reports, for both."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        import resource  # noqa: PLC0415  (not on Windows)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = int(peak if sys.platform == "darwin" else peak * 1024)
+        return peak, peak
+
+
+def reset_peak() -> None:
+    """Return freed memory to the system and start the peak over from what is resident now
+    (Linux: ``malloc_trim``, then ``clear_refs``), so that the peak measured next is of what
+    follows (a training step's), not of loading the model. Elsewhere it does nothing."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any
 
 from ..errors import UsageError
+from ..ir.training import OPTIMIZER_STATES
 
 
 class OptimizerKind(Enum):
@@ -72,16 +73,23 @@ class Optimizer:
             flat = self._scratch[w.dtype] = self.xp.empty(w.size, dtype=w.dtype)
         return flat[:w.size].reshape(w.shape)
 
+    def prepare(self, key: str, w: Any) -> list[Any]:
+        """The state of weight ``w`` under ``key`` (made, zero, the first time), the scratch
+        buffer grown to it: a trainer makes both before its first step, so every step
+        holds the same memory (``runtime/ledger.py``)."""
+        self._buffer(w)
+        if key not in self.state:
+            self.state[key] = [self.xp.zeros_like(w) for _ in range(OPTIMIZER_STATES[self.config.kind.value])]
+        return self.state[key]
+
+    def arrays(self) -> list[Any]:
+        """What it holds: every weight's state and the scratch buffer."""
+        return [a for st in self.state.values() for a in st] + list(self._scratch.values())
+
     def update(self, key: str, w: Any, g: Any) -> None:
-        c, xp = self.config, self.xp
+        xp = self.xp
         tmp = self._buffer(w)
-        match c.kind:
-            case OptimizerKind.SGD:
-                state = []
-            case OptimizerKind.MOMENTUM:
-                state = self.state.setdefault(key, [xp.zeros_like(w)])
-            case OptimizerKind.ADAM:
-                state = self.state.setdefault(key, [xp.zeros_like(w), xp.zeros_like(w)])
+        state = self.prepare(key, w)
         arrays = [w, g, tmp, *state]
         if xp.__name__ != "numpy" or w.size <= CHUNK or not all(a.flags.c_contiguous for a in arrays):
             self._update(w, g, tmp, state)

@@ -9,7 +9,6 @@ makes rank R fail in the middle of step S's forward pass, to test exactly that.
 from __future__ import annotations
 
 import os
-import resource
 import socket
 import statistics
 import sys
@@ -32,7 +31,10 @@ from .comm import Comm, mpi
 from .data import Data, gather_tables, read_npz
 from .device import array_module
 from .executor import build_executor
+from .footprint import planned_memory
+from .ledger import Ledger
 from .loss import LossKind, choose_loss
+from .memory import reset_peak, resident
 from .model_io import import_for_plan, resolve_model, save_trained, unfold, weight_values
 from .optim import OptimizerConfig
 from .phases import StepClock, measured_phases_ms, phase_table
@@ -84,7 +86,9 @@ class RunReport:
     sent_bytes: list[int] = field(default_factory=list)            # per rank: bytes of tensor data sent per step
     predicted_sent_bytes: list[int] = field(default_factory=list)  # per device, from the plan (cost.moves)
     plan_sha256: str = ""          # the plan's content_sha256: report --measured checks the run is of its plan
-    peak_rss_bytes: list[int] = field(default_factory=list)   # per rank: the process's peak resident memory
+    peak_rss_bytes: list[int] = field(default_factory=list)   # per rank: peak resident memory while training
+    start_rss_bytes: list[int] = field(default_factory=list)  # per rank: resident before the plan and model were read
+    memory: dict[str, Any] = field(default_factory=dict)   # per rank: held bytes, measured and predicted (ledger.py)
     sync: dict[str, int] = field(default_factory=dict)   # the gradient sync: bucket_bytes (0: flat),
                                                          # all_reduces (rank 0's per step), [zero], [micro_batches]
 
@@ -107,7 +111,8 @@ class RunReport:
             "ratio": self.ratio, "warnings": self.warnings,
             "phases_ms": {"measured": self.phases_ms, "predicted": self.predicted_phases_ms},
             "comm_bytes": {"measured": self.sent_bytes, "predicted": self.predicted_sent_bytes},
-            "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_rss_bytes": self.peak_rss_bytes, "start_rss_bytes": self.start_rss_bytes,
+            "memory_bytes": self.memory,
             "sync": self.sync,
         }
         if self.check is not None:
@@ -143,10 +148,18 @@ class RunReport:
         micro = self.sync.get("micro_batches", 1)
         if micro > 1:
             lines.append(f"step     {micro} micro-batches per step, gradients accumulated before the sync")
+        if self.memory:
+            held, planned = self.memory["measured"], self.memory["predicted"]
+            same = "equal on every rank" if held == planned else \
+                f"they differ on {sum(a != b for a, b in zip(held, planned))} rank(s)"
+            lines.append(f"memory   held {format_bytes(max(held))} measured, {format_bytes(max(planned))} predicted "
+                         f"(the largest rank's peak between actions; {same})")
         if self.peak_rss_bytes:
             shown = " ".join(f"{b / 2**20:.0f}" for b in self.peak_rss_bytes[:8])
-            lines.append(f"memory   peak resident {shown}{' ...' if len(self.peak_rss_bytes) > 8 else ''} MiB "
-                         f"(by rank; largest {max(self.peak_rss_bytes) / 2**20:.0f} MiB)")
+            base = f", {max(self.start_rss_bytes) / 2**20:.0f} MiB before the model was read" \
+                if self.start_rss_bytes else ""
+            lines.append(f"{'' if self.memory else 'memory':<9}peak resident while training {shown}"
+                         f"{' ...' if len(self.peak_rss_bytes) > 8 else ''} MiB (by rank{base})")
         if self.check is not None:
             state = "passed" if self.check["passed"] else "FAILED"
             lines.append(f"check    {state}: max relative error {self.check['max_rel_err']:.2e} "
@@ -155,12 +168,6 @@ class RunReport:
             lines.append(f"saved    {self.saved}")
         lines += [f"warning  {w}" for w in self.warnings]
         return "\n".join(lines)
-
-
-def peak_rss() -> int:
-    """This process's peak resident set size in bytes (Linux reports kibibytes, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _bytes_lines(measured: list[int], predicted: list[int]) -> list[str]:
@@ -202,6 +209,7 @@ class _Job:
     imported: Any
     weights: Any
     warnings: list[str]
+    start_rss: int = 0      # resident bytes before the plan and model were read
 
 
 def run_plan(opts: RunOptions) -> RunOutcome:
@@ -286,6 +294,7 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
     """Everything a rank needs to train with a plan (the profiler times real steps with it)."""
     if opts.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {opts.steps}")
+    start_rss = resident()[0]
     plan = load_plan(opts.plan)
     size = world.Get_size()
     need = plan.cluster.num_devices
@@ -331,7 +340,8 @@ def setup_job(opts: RunOptions, world: Any) -> _Job:
     _, comm, params, executor = build_executor(plan.pcg, plan.views, class_axis, backend, world, xp,
                                                      values.trainable, optimizer, loss, values.constants,
                                                      plan.sync_bucket_bytes, plan.training)
-    return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings)
+    return _Job(plan, model, comm, xp, backend, params, executor, data, loss, optimizer, imported, values, warnings,
+                start_rss)
 
 
 def _fault_rank(var: str, ranks: int) -> int | None:
@@ -397,8 +407,12 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
                 constants = weight_values(job.model, whole, [whole.pcg], opts.seed).constants
             reference = Reference(whole.pcg, job.backend, xp, job.weights.trainable, constants,
                                   job.loss, job.optimizer)
+    if not opts.check:     # the masters hold this rank's part of each weight: the whole ones go
+        job.weights.trainable.clear()
+    reset_peak()           # the peak resident memory measured is the training's, not the loading's
     losses, times = [], []
     clock = job.executor.clock = StepClock(comm)
+    ledger = job.executor.ledger = Ledger(job.executor)     # the first step's (the warm-up, when there are more)
     for s in range(opts.steps):
         batches = [job.data.batch(s * micro + j) for j in range(micro)]
         # every rank takes part; rank 0 gets them, a folded weight as the model's weights it holds
@@ -408,6 +422,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
         why = f"injected fault in step {s} (UNITY_FAULT_RANK={rank})" if fault == s else None
         loss = job.executor.train_step([(b.inputs, xp.asarray(b.labels)) for b in batches], fault=why)
         comm.sync()
+        job.executor.ledger = None
         times.append(time.perf_counter() - t0)
         clock.stop(times[-1])
         losses.append(loss)
@@ -424,7 +439,12 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     all_times = comm.allgather_obj(times)
     phases = measured_phases_ms(comm.allgather_obj(clock.steps), comm.allgather_obj(clock.calls))
     sent = comm.allgather_obj(clock.sent)            # per rank, per step (exact fractions)
-    rss = comm.allgather_obj(peak_rss())
+    rss = comm.allgather_obj((job.start_rss, resident()[1]))
+    held = comm.allgather_obj((ledger.peak, ledger.parts))
+    planned = comm.allgather_obj(planned_memory(job.executor.p, rank, job.plan.training, job.optimizer.kind.value,
+                                                job.params.bucket_bytes, job.loss))
+    memory = {"measured": [b for b, _ in held], "predicted": [b for b, _ in planned],
+              "parts": {"measured": [parts for _, parts in held], "predicted": [parts for _, parts in planned]}}
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
     final = unfold(job.params.gather(0), job.plan.pcg) if opts.save else {}
     failure = None
@@ -446,7 +466,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
                        float(job.plan.predicted.get("step_time_ms", 0.0)),
                        check.to_json() if check is not None else None, saved, warnings,
                        phases, predicted_phases, [round(steps[-1]) for steps in sent], predicted_sent,
-                       job.plan.sha256, rss,
+                       job.plan.sha256, [peak for _, peak in rss], [start for start, _ in rss], memory,
                        {"bucket_bytes": job.params.bucket_bytes, "all_reduces": len(job.params.buckets),
                         **job.plan.training.to_json()})
     return RunOutcome(report, f"--check failed: {failure}" if failure else None, True)

@@ -108,7 +108,7 @@ class ParamStore:
             self.buckets.append((b, None if zero >= 2 else self._flat_buffer(b, length, dtype)))
         self._bucketed = {self._by_node[w].name for b, _ in self.buckets for w in b.weights}
         self._sharded = self._bucketed if zero else set()   # updated by their bucket's shard
-        self._micro = 0                    # ZeRO-2: micro-batches reduce-scattered this step
+        self._scattered: set[int] = set()  # ZeRO-2/3: buckets reduce-scattered into their shard this step
         self._filled: set[str] = set()    # weights whose gradient this step's buffers already hold
         self._gathered = False            # --check under ZeRO: the summed gradients all-gathered
         self._issued = 0                  # buckets whose all-reduce has started this step
@@ -117,6 +117,23 @@ class ParamStore:
         self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
         self.synced: dict[str, Any] = {}
         self._full: dict[str, Any] = {}   # this step's gradient of each master region
+        for p in self.plans:              # the optimizer's state, made now: every step holds the same
+            if p.name in self.master and p.name not in self._sharded:
+                optimizer.prepare(p.name, self.master[p.name])
+        for k, (masters, shard) in self.shards.items():
+            at = 0 if zero >= 3 else self.buckets[k][0].group.index(me) * shard.size
+            optimizer.prepare(f"zero:{k}", masters[at:at + shard.size])
+
+    def held(self) -> list[tuple[Any, str]]:
+        """Every array this store keeps between a step's actions, with the part of the memory
+        ledger it counts under (``runtime/ledger.py``): masters and shards, gradient buffers,
+        the optimizer's state (``synced``, --check's copy, is not the training's)."""
+        out = [(m, "weights") for m in self.master.values()]
+        for masters, shard in self.shards.values():
+            out += [(masters, "weights"), (shard, "gradients")]
+        out += [(flat, "gradients") for _, flat in self.buckets if flat is not None]
+        out += [(a, "gradients") for a in (*self.slots.values(), *self._full.values())]
+        return out + [(a, "optimizer") for a in self.optimizer.arrays()]
 
     def _flat_buffer(self, b: SyncBucket, length: int, dtype: Any) -> Any:
         """A flat gradient buffer of bucket ``b`` (zeros: ZeRO's padding stays zero), each of
@@ -153,25 +170,36 @@ class ParamStore:
             out[TensorRef(node)] = self.xp.ascontiguousarray(piece)
         return out
 
-    def _reduce_scatter_micro_batch(self, grads: Mapping[TensorRef, Any]) -> None:
-        """ZeRO-2, at the end of a micro-batch's backward: each bucket's gradients in a flat
-        buffer made for it, reduce-scattered, and added into the member's summed shard."""
-        for k, (b, _) in enumerate(self.buckets):
-            _, shard = self.shards[k]
-            flat = self._flat_buffer(b, shard.size * len(b.group), shard.dtype)
-            for w in b.weights:
-                self._fill(self._by_node[w], grads)
-            if self._micro == 0:
-                self.comm.reduce_scatter(b.group, flat, shard)
-            else:
-                part = self.xp.empty_like(shard)
-                self.comm.reduce_scatter(b.group, flat, part)
-                shard += part
-            for w in b.weights:
-                name = self._by_node[w].name
-                del self.slots[name], self._full[name]
-                self._filled.discard(name)
-        self._micro += 1
+    def _reduce_scatter(self, k: int, grads: dict[TensorRef, Any]) -> None:
+        """ZeRO-2/3: bucket ``k``'s gradients in a flat buffer made for it, reduce-scattered,
+        and added into the member's summed shard; the resident pieces' gradients are dropped
+        from ``grads`` (the executor's), so nothing whole outlives the call."""
+        b, _ = self.buckets[k]
+        _, shard = self.shards[k]
+        flat = self._flat_buffer(b, shard.size * len(b.group), shard.dtype)
+        for w in b.weights:
+            self._fill(self._by_node[w], grads)
+        if k not in self._scattered:
+            self.comm.reduce_scatter(b.group, flat, shard)
+            self._scattered.add(k)
+        else:
+            part = self.xp.empty_like(shard)
+            self.comm.reduce_scatter(b.group, flat, part)
+            shard += part
+        me = self.comm.rank
+        for w in b.weights:
+            p = self._by_node[w]
+            del self.slots[p.name], self._full[p.name]
+            self._filled.discard(p.name)
+            for node, _, _ in p.pieces[me]:
+                grads.pop(TensorRef(node), None)
+
+    def _reduce_scatter_micro_batch(self, grads: dict[TensorRef, Any]) -> None:
+        """ZeRO-2/3, at the end of a micro-batch's backward: the buckets backward has not
+        reduce-scattered yet (:meth:`backward_passed`)."""
+        for k in range(self._issued, len(self.buckets)):
+            self._reduce_scatter(k, grads)
+        self._issued = 0
 
     def residents(self) -> dict[TensorRef, Any]:
         """This rank's resident pieces, cut from its masters."""
@@ -181,7 +209,7 @@ class ParamStore:
                 out.update(self._cut(p, self.master[p.name]))
         return out
 
-    def accumulate(self, grads: Mapping[TensorRef, Any]) -> None:
+    def accumulate(self, grads: dict[TensorRef, Any]) -> None:
         """A micro-batch before the last is done: its resident pieces' gradients are added
         into each weight's gradient buffer (the sync runs once, after the last; under ZeRO-2
         the buckets' gradients are reduce-scattered now)."""
@@ -191,14 +219,14 @@ class ParamStore:
         if self.zero >= 2:
             self._reduce_scatter_micro_batch(grads)
 
-    def update(self, grads: Mapping[TensorRef, Any]) -> None:
+    def update(self, grads: dict[TensorRef, Any]) -> None:
         """Gradient sync and one optimizer step; ``grads`` holds the resident pieces' gradients.
         The synced gradient of each master region stays in ``synced`` until the next step
         (``--check`` compares it)."""
         synced = self.sync(grads)
         self.synced = synced if self.keep_synced else {}
         self._gathered = False
-        self._micro = 0
+        self._scattered = set()
         self.optimizer.begin_step()
         for p in self.plans:
             if p.name not in self._sharded:
@@ -213,11 +241,18 @@ class ParamStore:
             mine = masters[at:at + shard.size]
             self.optimizer.update(f"zero:{k}", mine, shard)
             self.comm.allgather(group, mine.copy(), masters)   # (a copy: MPI sends from outside the result)
+        self._full = {}    # (the gradients are used: nothing is held until the next backward)
 
-    def backward_passed(self, next_node: int, grads: Mapping[TensorRef, Any]) -> None:
+    def backward_passed(self, next_node: int, grads: dict[TensorRef, Any]) -> None:
         """Backward has run every step of a node above ``next_node``: start the all-reduce
         of every bucket whose gradients are now whole, in order, without waiting for it
-        (bucketed sync only), and let those already started progress."""
+        (bucketed sync), and let those already started progress; under ZeRO-2/3 reduce-
+        scatter each such bucket into its shard (every micro-batch)."""
+        if self.zero >= 2:
+            while self._issued < len(self.buckets) and self.buckets[self._issued][0].ready > next_node:
+                self._reduce_scatter(self._issued, grads)
+                self._issued += 1
+            return
         if not self.bucket_bytes:
             return
         while self._issued < len(self.buckets) and self.buckets[self._issued][0].ready > next_node:
@@ -229,7 +264,7 @@ class ParamStore:
         if self._pending:
             self.comm.test_all(self._pending)
 
-    def sync(self, grads: Mapping[TensorRef, Any]) -> dict[str, Any]:
+    def sync(self, grads: dict[TensorRef, Any]) -> dict[str, Any]:
         """Each master region's gradient: this rank's resident pieces' gradients added up,
         then all-reduced with the ranks that keep the same region (``self.buckets``; those
         a bucketed sync has not started yet start now, and all are waited for)."""

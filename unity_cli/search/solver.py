@@ -370,7 +370,8 @@ class Tables:
             sync = 0.0
             mem = 0 if again is Again.ALL else sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
             if again is Again.NO:
-                mem += n.spec.kept_elements(n.op, [s.piece for s in o.outputs]) * config.dtype.itemsize
+                mem += n.spec.saved(n.op, [s.piece for s in o.inputs],
+                                    [s.piece for s in o.outputs]).extra_bytes(config.dtype.itemsize)
             for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
                 match kind:
                     case Tensor.WEIGHT:

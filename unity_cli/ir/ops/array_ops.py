@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ModelError, ShapeError
+from ..dtypes import DType
 from ..kernel import Kernel, scatter_add
-from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, Saved, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
 
@@ -225,6 +226,13 @@ class Pad(OpSpec):
     attrs_type = PadAttrs
     onnx_ops = ("Pad",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Constant mode keeps nothing; the others each padded dim's source indices."""
+        if attrs.mode == "constant":
+            return Saved()
+        return Saved(extra=tuple(TensorShape((outputs[0].dims[d],), DType.INT64)
+                                 for d, (b, e) in enumerate(attrs.pads) if b > 0 or e > 0))
+
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
         mode = node.attrs.get("mode", "constant")
@@ -294,6 +302,10 @@ class Tile(OpSpec):
     attrs_type = TileAttrs
     onnx_ops = ("Tile",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
+
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
         if node.opset < 6:
@@ -333,6 +345,10 @@ class Trilu(OpSpec):
     attrs_type = TriluAttrs
     onnx_ops = ("Trilu",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
+
     def from_onnx(self, node) -> Imported:
         k = _scalar(node, 1, "k") if node.has_input(1) else 0
         return Imported(TriluAttrs(bool(node.attrs.get("upper", 1)), k), (0,))
@@ -362,6 +378,10 @@ class CumSum(OpSpec):
     verifier = Opaque("a scan along a dim: no axioms yet")
     attrs_type = CumSumAttrs
     onnx_ops = ("CumSum",)
+
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
 
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank

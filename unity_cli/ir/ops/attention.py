@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShapeError
+from ..dtypes import DType
 from ..kernel import Kernel, unbroadcast
-from ..opspec import WHOLE, OpCost, OpKind, OpSpec, Role, encode_terms, register, spec_of
+from ..opspec import WHOLE, OpCost, OpKind, OpSpec, Role, Saved, encode_terms, register, spec_of
 from ..shapes import ParallelTensorShape, TensorShape
 from .common import broadcast_dims, broadcast_roles, need_inputs
 from .elementwise import BinaryAttrs, ScaleAttrs
@@ -147,9 +148,11 @@ def attention_forward(op, xs, xp):
         total = total * keep + e.sum(axis=-1, keepdims=True)
         acc = acc * keep + xp.matmul(e, _block(v, j0, j1))
         top = new
-    out = acc / total
+    out = (acc / total).astype(dtype, copy=False)
     lse = top + xp.log(total)
-    return [out.astype(dtype, copy=False)], (q, k, v, mask, p.factor, c, out, lse)
+    # the inputs and output as they are (half precision converted again in backward), the
+    # log-sum-exp and the multiplier: what saved() declares
+    return [out], (p.q, p.k, p.v, p.mask, p.factor, c, out, lse)
 
 
 def attention_backward(op, ctx, gs, xp):
@@ -158,6 +161,8 @@ def attention_backward(op, ctx, gs, xp):
     gradients of broadcast dims (a group axis) summed back. The mask gets none (a constant);
     the factor gets ``scale * sum(dS q k^T)``."""
     q, k, v, mask, factor, c, out, lse = ctx
+    q, k, v, out = (t.astype(lse.dtype, copy=False) for t in (q, k, v, out))
+    mask = None if mask is None else mask.astype(lse.dtype, copy=False)
     g = gs[0].astype(out.dtype, copy=False)
     d = (g * out).sum(axis=-1, keepdims=True)
     dq = None
@@ -261,9 +266,12 @@ class Attention(OpSpec):
         """The mask (a constant: backward makes no score-sized gradient for it)."""
         return (3,) if attrs.mask else ()
 
-    def kept_elements(self, attrs, outputs):
-        """The log-sum-exp of each query row, beside the output: never a score."""
-        return outputs[0].numel // outputs[0].dims[-1]
+    def saved(self, attrs, inputs, outputs):
+        """The inputs, the output, the log-sum-exp of each query row and the scores'
+        multiplier (in the compute dtype): never a score."""
+        out = outputs[0]
+        cdt = DType.FLOAT32 if out.dtype.itemsize < 4 else out.dtype
+        return Saved(tuple(range(len(inputs))), (0,), (TensorShape(out.dims[:-1] + (1,), cdt), TensorShape((), cdt)))
 
     def encode(self, s, attrs, x, ins, outs):
         if not float(attrs.scale).is_integer():

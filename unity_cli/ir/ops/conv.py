@@ -13,8 +13,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import ModelError, ShapeError
+from ..dtypes import DType
 from ..kernel import Kernel, first_extremum
-from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, attrs_from_json, attrs_key, register
+from ..opspec import (
+    SUM,
+    WHOLE,
+    Imported,
+    Opaque,
+    OpCost,
+    OpKind,
+    OpSpec,
+    Role,
+    Saved,
+    attrs_from_json,
+    attrs_key,
+    register,
+)
 from ..shapes import TensorShape
 from ..terms import Axiom, IllTyped, Law, Symbol
 from .common import need_inputs, streaming_cost
@@ -269,6 +283,10 @@ class Conv(OpSpec):
     onnx_ops = ("Conv",)
     weight_inputs = (1, 2)
 
+    def saved(self, attrs, inputs, outputs):
+        """The image and the filter (backward cuts the columns again)."""
+        return Saved((0, 1))
+
     def from_onnx(self, node) -> Imported:
         x, w = node.inputs[0].shape, node.inputs[1].shape
         kernel = tuple(node.attrs.get("kernel_shape", w.dims[2:]))
@@ -391,6 +409,13 @@ class Pool(OpSpec):
     attrs_type = PoolAttrs
     onnx_ops = ("MaxPool", "AveragePool")
 
+    def saved(self, attrs, inputs, outputs):
+        """Max: each output's position in its window; average: each window's count."""
+        out = outputs[0].dims
+        if attrs.mode == "max":
+            return Saved(extra=(TensorShape(out, DType.INT64),))
+        return Saved(extra=(TensorShape((1, 1) + out[2:], inputs[0].dtype),))
+
     def from_onnx(self, node) -> Imported:
         x = node.inputs[0].shape
         kernel = tuple(node.attrs["kernel_shape"])
@@ -425,6 +450,10 @@ class GlobalPool(OpSpec):
     verifier = Opaque("a reduction over the spatial dims: no axioms yet")
     attrs_type = GlobalPoolAttrs
     onnx_ops = ("GlobalAveragePool", "GlobalMaxPool")
+
+    def saved(self, attrs, inputs, outputs):
+        """The input and the reduction before its cast to the output."""
+        return Saved((0,), (), (outputs[0],))
 
     def from_onnx(self, node) -> Imported:
         return Imported(GlobalPoolAttrs("avg" if node.op_type == "GlobalAveragePool" else "max"), (0,))

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...errors import ModelError, ShapeError
 from ..kernel import Array, Kernel, KernelError, unbroadcast
-from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, Saved, register
 from ..shapes import TensorShape
 
 LETTERS = frozenset(string.ascii_letters)
@@ -215,6 +215,10 @@ class Einsum(OpSpec):
     verifier = Opaque("a general contraction; imported Einsums that are matmuls are not rewritten to MatMul yet")
     attrs_type = EinsumAttrs
     onnx_ops = ("Einsum",)
+
+    def saved(self, attrs, inputs, outputs):
+        """Every operand (broadcast views of them)."""
+        return Saved(tuple(range(len(inputs))))
 
     def from_onnx(self, node) -> Imported:
         if "equation" not in node.attrs:

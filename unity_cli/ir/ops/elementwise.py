@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import ShapeError
 from ..dtypes import DType
 from ..kernel import Kernel, unbroadcast
-from ..opspec import Imported, Opaque, OpKind, OpSpec, register
+from ..opspec import Imported, Opaque, OpKind, OpSpec, Saved, register
 from ..shapes import TensorShape
 from ..terms import Axiom, Law, Symbol, need
 from .binary import BINARY
@@ -153,6 +153,10 @@ class Unary(OpSpec):
     attrs_type = UnaryAttrs
     onnx_ops = tuple(sorted(set(UNARY) - ATTRIBUTE_VARIANTS))
 
+    def saved(self, attrs, inputs, outputs):
+        """The input and the output (the identity's output is its input)."""
+        return Saved((0,), () if UNARY[attrs.fn].verifier == "identity" else (0,))
+
     def from_onnx(self, node) -> Imported:
         # Dropout at export is inference-mode (identity); its ratio/training inputs are dropped.
         return Imported(UnaryAttrs(_fn(node)), (0,))
@@ -201,6 +205,10 @@ class Cast(OpSpec):
     attrs_type = CastAttrs
     onnx_ops = ("Cast",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
+
     def from_onnx(self, node) -> Imported:
         return Imported(CastAttrs(DType.from_onnx(node.attrs["to"])), (0,))
 
@@ -240,6 +248,10 @@ class Binary(OpSpec):
     kernel = Kernel(binary_forward, binary_backward)
     attrs_type = BinaryAttrs
     onnx_ops = tuple(sorted(set(BINARY) - set(FROM_ATTRIBUTE)))
+
+    def saved(self, attrs, inputs, outputs):
+        """Every input and the output (one input: the output is that input)."""
+        return Saved(tuple(range(len(inputs))), (0,) if len(inputs) > 1 else ())
 
     def from_onnx(self, node) -> Imported:
         return Imported(BinaryAttrs(_fn(node)), tuple(range(len(node.inputs))))
@@ -323,6 +335,10 @@ class Where(OpSpec):
     attrs_type = WhereAttrs
     onnx_ops = ("Where",)
 
+    def saved(self, attrs, inputs, outputs):
+        """The condition."""
+        return Saved((0,))
+
     def from_onnx(self, node) -> Imported:
         return Imported(WhereAttrs(), (0, 1, 2))
 
@@ -355,6 +371,10 @@ class Scale(OpSpec):
     kind = OpKind.Scale
     kernel = Kernel(scale_forward, scale_backward)
     attrs_type = ScaleAttrs
+
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
 
     def infer(self, attrs, inputs):
         need_inputs(self.kind, inputs, 1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ...errors import ShapeError
 from ..dtypes import DType
 from ..kernel import Kernel, first_extremum, scatter_add
-from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, register, spec_by_kind
+from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Saved, register, spec_by_kind
 from ..shapes import TensorShape
 from ..terms import Axiom, Law, Symbol, need
 from .common import need_inputs, norm_axes, norm_axis, streaming_cost
@@ -203,6 +203,11 @@ class Gather(OpSpec):
     onnx_ops = ("Gather",)
     weight_inputs = (0,)
 
+    def saved(self, attrs, inputs, outputs):
+        """The ids made local to the table's piece, and which of them it holds."""
+        ids = inputs[1]
+        return Saved(extra=(ids, TensorShape(ids.dims, DType.BOOL)))
+
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
         return Imported(GatherAttrs(norm_axis("Gather", int(node.attrs.get("axis", 0)), rank)), (0, 1))
@@ -255,6 +260,11 @@ class GroupedGather(OpSpec):
     attrs_type = GroupedGatherAttrs
     weight_inputs = (0,)
 
+    def saved(self, attrs, inputs, outputs):
+        """Gather's, over all the tables' ids at once."""
+        n = sum(t.numel for t in inputs[1:])
+        return Saved(extra=(TensorShape((n,), inputs[1].dtype), TensorShape((n,), DType.BOOL)))
+
     def infer(self, attrs, inputs):
         need_inputs(self.kind, inputs, len(attrs.rows) + 1)
         table, ids = inputs[0], inputs[1:]
@@ -293,6 +303,10 @@ class Reduce(OpSpec):
     verifier = Opaque("a reduction over some dims: no axioms yet")
     attrs_type = ReduceAttrs
     onnx_ops = tuple(sorted(REDUCE_MODES))
+
+    def saved(self, attrs, inputs, outputs):
+        """The input and the reduction (none over no axes: the output is the input)."""
+        return Saved((0,), (0,) if attrs.axes and inputs[0].rank else ())
 
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
@@ -348,6 +362,10 @@ class GatherND(OpSpec):
     verifier = Opaque("a multi-dim index gather: no axioms yet")
     attrs_type = GatherNDAttrs
     onnx_ops = ("GatherND",)
+
+    def saved(self, attrs, inputs, outputs):
+        """The indices."""
+        return Saved((1,))
 
     def from_onnx(self, node) -> Imported:
         return Imported(GatherNDAttrs(int(node.attrs.get("batch_dims", 0))), (0, 1))

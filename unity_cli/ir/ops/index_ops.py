@@ -16,7 +16,7 @@ from typing import Any
 from ...errors import ModelError, ShapeError
 from ..dtypes import DType
 from ..kernel import Array, Kernel, KernelError, scatter_add
-from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, Saved, register
 from ..shapes import TensorShape
 from .common import need_inputs, norm_axis
 
@@ -123,8 +123,7 @@ class _Writes:
 
     target: Array                  # sorted flat targets
     source: Array                  # flat positions in indices/updates, ascending within a target
-    group: Array                   # per write: which distinct target it is (0, 1, ...)
-    first: Array                   # per group: where it starts in the sorted writes
+    start: Array                   # per write: where the writes to its target start
     rank: Array                    # per write: how many writes to its target come before it
     last: Array                    # per write: whether it is the last write to its target
 
@@ -139,10 +138,8 @@ def _writes(t: Array, xp: Any) -> _Writes:
     new[1:] = target[1:] != target[:-1]
     last = xp.ones(m, dtype=bool)
     last[:-1] = new[1:]
-    group = xp.cumsum(new) - 1
-    first = xp.flatnonzero(new)
-    rank = xp.arange(m, dtype=xp.int64) - first[group]
-    return _Writes(target, source, group, first, rank, last)
+    start = xp.flatnonzero(new)[xp.cumsum(new) - 1]
+    return _Writes(target, source, start, xp.arange(m, dtype=xp.int64) - start, last)
 
 
 def _apply(out: Array, w: _Writes, v: Array, fn: Any) -> Array:
@@ -286,8 +283,8 @@ def scatter_elements_backward(op, ctx, gs, xp):
             gd = xp.where(data_wins, g, 0)
             cand = (upd.reshape(-1)[w.source] == o[w.target]) & ~data_wins[w.target]
             seen = xp.cumsum(cand)
-            before = seen[w.first] - cand[w.first]      # candidates of earlier groups
-            first_win = cand & (seen - before[w.group] == 1)
+            before = seen[w.start] - cand[w.start]      # candidates of earlier targets
+            first_win = cand & (seen - before == 1)
             gu_sorted = xp.where(first_win, g_at, gu_sorted)
         case _:
             raise KernelError(f"ScatterElements: unknown reduction {op.reduction!r}")
@@ -310,6 +307,10 @@ class TopK(OpSpec):
     verifier = Opaque("a sort, with integer indices as its second output: no axioms yet")
     attrs_type = TopKAttrs
     onnx_ops = ("TopK",)
+
+    def saved(self, attrs, inputs, outputs):
+        """The indices output."""
+        return Saved((), (1,))
 
     def from_onnx(self, node) -> Imported:
         a = node.attrs
@@ -368,6 +369,10 @@ class OneHot(OpSpec):
     attrs_type = OneHotAttrs
     onnx_ops = ("OneHot",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Where each output is on."""
+        return Saved(extra=(TensorShape(outputs[0].dims, DType.BOOL),))
+
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
         dv = node.const_input(1, "depth").reshape(-1)
@@ -417,6 +422,10 @@ class GatherElements(OpSpec):
     attrs_type = GatherElementsAttrs
     onnx_ops = ("GatherElements",)
 
+    def saved(self, attrs, inputs, outputs):
+        """The flat position each output reads."""
+        return Saved(extra=(TensorShape(inputs[1].dims, DType.INT64),))
+
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
         return Imported(GatherElementsAttrs(norm_axis("GatherElements", int(node.attrs.get("axis", 0)), rank)),
@@ -460,6 +469,11 @@ class ScatterElements(OpSpec):
     verifier = Opaque("an index scatter: no axioms yet")
     attrs_type = ScatterElementsAttrs
     onnx_ops = ("ScatterElements",)
+
+    def saved(self, attrs, inputs, outputs):
+        """The data, the updates, the output and the sorted writes (four ids and a flag each)."""
+        m = inputs[1].numel
+        return Saved((0, 2), (0,), (TensorShape((4, m), DType.INT64), TensorShape((m,), DType.BOOL)))
 
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank

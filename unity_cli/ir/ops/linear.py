@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ...errors import ShapeError
 from ..kernel import Kernel, unbroadcast
-from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, register, spec_by_kind
+from ..opspec import OMIT_DEFAULT, SUM, WHOLE, Imported, OpCost, OpKind, OpSpec, Role, Saved, register, spec_by_kind
 from ..shapes import TensorShape
 from ..terms import Axiom, Law, Symbol, need
 from .common import broadcast_dims, need_inputs, streaming_cost
@@ -168,6 +168,10 @@ class MatMul(OpSpec):
     onnx_ops = ("MatMul",)
     weight_inputs = (1,)
 
+    def saved(self, attrs, inputs, outputs):
+        """Both operands."""
+        return Saved((0, 1))
+
     def from_onnx(self, node) -> Imported:
         return Imported(MatMulAttrs(), (0, 1))
 
@@ -312,10 +316,11 @@ class Gemm(OpSpec):
 
     selective_backward = True
 
-    def kept_elements(self, attrs, outputs):
-        """The product before its activation, where the activation's backward reads it."""
+    def saved(self, attrs, inputs, outputs):
+        """Both operands, the output, and the product before its activation where the
+        activation's backward reads it."""
         fused = attrs.activation and not UNARY[attrs.activation].from_output
-        return outputs[0].numel if fused else 0
+        return Saved((0, 1), (0,), (outputs[0],) if fused else ())
 
     def cost(self, attrs, inputs, outputs):
         return self.cost_of_grads(attrs, inputs, outputs, (True,) * len(inputs))

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ShapeError
+from ..dtypes import DType
 from ..kernel import Kernel, first_extremum, unbroadcast
-from ..opspec import WHOLE, Imported, Opaque, OpKind, OpSpec, register
+from ..opspec import WHOLE, Imported, Opaque, OpKind, OpSpec, Saved, register
+from ..shapes import TensorShape
 from ..terms import Axiom, Law, Symbol, need
 from .common import need_inputs, norm_axis, streaming_cost
 from .shape_ops import MAX_PERMUTED, SWAP, all_perm_codes, code_perm
@@ -202,6 +204,10 @@ class BatchNorm(OpSpec):
     state_inputs = (3, 4)
     weight_inputs = (1, 2)
 
+    def saved(self, attrs, inputs, outputs):
+        """The scale, the normalized input and the inverse deviation per channel."""
+        return Saved((1,), (), (inputs[0], inputs[4]))
+
     def from_onnx(self, node) -> Imported:
         a = node.attrs
         return Imported(BatchNormAttrs(float(a.get("epsilon", 1e-5)), float(a.get("momentum", 0.9))), (0, 1, 2, 3, 4))
@@ -231,6 +237,14 @@ class LayerNorm(OpSpec):
     attrs_type = LayerNormAttrs
     onnx_ops = ("LayerNormalization",)
     weight_inputs = (1, 2)
+
+    def saved(self, attrs, inputs, outputs):
+        """The scale and bias, the normalized input and each row's inverse deviation (in
+        float32 for half precision)."""
+        x = inputs[0]
+        dt = DType.FLOAT32 if x.dtype.itemsize < 4 else x.dtype
+        rows = x.dims[:attrs.axis] + (1,) * (x.rank - attrs.axis)
+        return Saved(tuple(range(1, len(inputs))), (), (TensorShape(x.dims, dt), TensorShape(rows, dt)))
 
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
@@ -313,6 +327,10 @@ class Softmax(_Normalizing):
     attrs_type = SoftmaxAttrs
     onnx_ops = ("Softmax", "LogSoftmax")
 
+    def saved(self, attrs, inputs, outputs):
+        """The output."""
+        return Saved((), (0,))
+
     def from_onnx(self, node) -> Imported:
         axis, flatten = _softmax_axis(node)
         return Imported(SoftmaxAttrs(axis, node.op_type == "LogSoftmax", flatten), (0,))
@@ -333,6 +351,10 @@ class Hardmax(_Normalizing):
 
     kind = OpKind.Hardmax
     kernel = Kernel(hardmax_forward)
+
+    def saved(self, attrs, inputs, outputs):
+        """Nothing: no gradient."""
+        return Saved()
     verifier = Opaque("a normalization along one dim, like Softmax: no axioms yet")
     attrs_type = HardmaxAttrs
     onnx_ops = ("Hardmax",)
@@ -351,6 +373,10 @@ class LRN(OpSpec):
     verifier = Opaque("a windowed normalization over channels: no axioms yet")
     attrs_type = LRNAttrs
     onnx_ops = ("LRN",)
+
+    def saved(self, attrs, inputs, outputs):
+        """The input, the output and the window sums' denominator."""
+        return Saved((0,), (0,), (inputs[0],))
 
     def from_onnx(self, node) -> Imported:
         a = node.attrs

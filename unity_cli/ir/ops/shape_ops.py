@@ -14,7 +14,7 @@ from typing import Any
 
 from ...errors import ModelError, ShapeError
 from ..kernel import Kernel, unbroadcast
-from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, register
+from ..opspec import WHOLE, Imported, Opaque, OpCost, OpKind, OpSpec, Role, Saved, register
 from ..shapes import TensorShape
 from ..terms import Axiom, Law, Symbol, need
 from .common import broadcast_dims, broadcast_roles, need_inputs, norm_axes, norm_axis
@@ -178,6 +178,10 @@ class Reshape(OpSpec):
     attrs_type = ReshapeAttrs
     onnx_ops = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
+
     def from_onnx(self, node) -> Imported:
         x = node.inputs[0].shape
         match node.op_type:
@@ -333,6 +337,10 @@ class Transpose(OpSpec):
     attrs_type = TransposeAttrs
     onnx_ops = ("Transpose",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
+
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
         perm = tuple(node.attrs.get("perm", list(range(rank))[::-1]))
@@ -410,6 +418,10 @@ class Concat(OpSpec):
     attrs_type = ConcatAttrs
     onnx_ops = ("Concat",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
+
     def from_onnx(self, node) -> Imported:
         rank = node.inputs[0].shape.rank
         return Imported(ConcatAttrs(norm_axis("Concat", int(node.attrs["axis"]), rank)), tuple(range(len(node.inputs))))
@@ -471,6 +483,10 @@ class Split(OpSpec):
     kernel = Kernel(split_forward, split_backward)
     attrs_type = SplitAttrs
     onnx_ops = ("Split",)
+
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
 
     def from_onnx(self, node) -> Imported:
         x = node.inputs[0].shape
@@ -567,6 +583,10 @@ class Slice(OpSpec):
     attrs_type = SliceAttrs
     onnx_ops = ("Slice",)
 
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
+
     def from_onnx(self, node) -> Imported:
         x = node.inputs[0].shape
         if node.opset < 10:
@@ -608,6 +628,10 @@ class Expand(OpSpec):
     verifier = Opaque("a broadcast to a given shape: no axioms yet")
     attrs_type = ExpandAttrs
     onnx_ops = ("Expand",)
+
+    def saved(self, attrs, inputs, outputs):
+        """Nothing but shapes."""
+        return Saved()
 
     def from_onnx(self, node) -> Imported:
         target = TensorShape(tuple(int(v) for v in node.const_input(1, "shape")))
