@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from runtime.kernel_cases import CASES, Case
 from runtime.mpirun import run_json
 from runtime.test_training_steps import cpu_spec, optimize
 
 from unity_cli.ir.dtypes import DType
+from unity_cli.ir.ops.attention import AttentionAttrs
+from unity_cli.ir.ops.gather_reduce import GroupedGatherAttrs
 from unity_cli.ir.opspec import spec_of
 from unity_cli.ir.shapes import TensorShape
 from unity_cli.kernels import forward
@@ -43,7 +47,6 @@ def _direct(op, args):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("mask,factor", [(False, False), (True, False), (True, True)])
 def test_attention_keeps_no_score_and_what_it_declares(dtype, mask, factor):
-    from unity_cli.ir.ops.attention import AttentionAttrs   # noqa: PLC0415
     rng = np.random.default_rng(0)
     q = rng.standard_normal((2, 4, 2, 96, 8)).astype(dtype)     # GQA: 4 groups of 2 heads
     k, v = (rng.standard_normal((2, 4, 1, 96, 8)).astype(dtype) for _ in range(2))
@@ -57,7 +60,6 @@ def test_attention_keeps_no_score_and_what_it_declares(dtype, mask, factor):
 
 
 def test_grouped_gather_keeps_what_it_declares():
-    from unity_cli.ir.ops.gather_reduce import GroupedGatherAttrs   # noqa: PLC0415
     table = np.ones((10, 4), np.float32)
     got, want = _direct(GroupedGatherAttrs((6, 4)), [table, np.array([[0, 5]]), np.array([[1, -1]])])
     assert got == want
@@ -65,8 +67,6 @@ def test_grouped_gather_keeps_what_it_declares():
 
 def _deep_mlp(path, layers: int = 8, d: int = 2048):
     """``layers`` Linears of d x d with Relus between: weights (128 MiB) outweigh all else."""
-    import onnx   # noqa: PLC0415
-    from onnx import TensorProto, helper, numpy_helper   # noqa: PLC0415
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
     for i in range(layers):
