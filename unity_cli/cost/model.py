@@ -18,6 +18,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import assert_never
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
-from ..ir.recompute import recomputed, weight_passes
+from ..ir.recompute import Action, NodeOrder, Recompute, node_order, recomputed, weight_passes
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
 from ..ir.training import OPTIMIZER_STATES, Training, WeightBytes
@@ -153,6 +154,11 @@ class CostContext:
     def recomputed(self) -> tuple[tuple[int, ...], ...]:
         """The nodes backward recomputes, per segment (``ir/recompute.py``)."""
         return recomputed(self.pcg, self.layout, self.structure.grads, self.config.training.recompute)
+
+    @functools.cached_property
+    def order(self) -> NodeOrder:
+        """The order of a micro-batch's work, which the simulation walks (``ir/recompute.py``)."""
+        return node_order(self.pcg, self.layout, self.structure.grads, self.config.training.recompute)
 
     @functools.cached_property
     def weight_passes(self) -> dict[int, tuple[tuple[int, ...], ...]]:
@@ -282,6 +288,18 @@ def _compute_time(op, inputs: tuple, outputs: tuple, device, dtype: DType, profi
     return fwd + half, (bwd + half if runs_backward else 0.0)
 
 
+def simulated_order(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
+                    config: CostConfig = CostConfig()) -> list[tuple[Action, int]]:
+    """The actions the step's simulation walks, in the order it walks them (``(action, node)``):
+    the runtime runs the same order (``runtime/program.StepOrder``), which tests hold it to."""
+    ctx = CostContext.of(pcg, cluster, config)
+    devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
+    free = [NodeCost(i, 0.0, 0.0, 0.0, 0.0, 0.0) for i in range(len(pcg))]
+    trace: list[tuple[Action, int]] = []
+    _simulate(pcg, devs, free, ctx.layout, cluster.num_devices, order=(ctx.order, free), trace=trace)
+    return trace
+
+
 def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
              config: CostConfig = CostConfig()) -> CostReport:
     """Simulate one training step (forward, backward, gradient sync, optimizer update)."""
@@ -299,10 +317,9 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         priced.append(node_cost_and_moves(ctx, i, views))
     train = config.training
     again = {i for seg in ctx.recomputed for i in seg}
-    # A recomputed node's forward (its compute and its moves) runs again in backward
-    # (ir/recompute.py): priced in its backward.
-    costs = [replace(c, compute_bwd=c.compute_bwd + c.compute_fwd, comm_bwd=c.comm_bwd + c.comm_fwd)
-             if i in again else c for i, (c, _) in enumerate(priced)]
+    # A recomputed node's forward (its compute and its moves) runs again in backward, where
+    # the step's order recomputes it (ir/recompute.py): the simulation prices it there.
+    costs = [c for c, _ in priced]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
     flat = sync_buckets(pcg, weights, 0, train.zero)
     gathers = _gathers(ctx, flat)
@@ -328,7 +345,8 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     synced = [m for _, ms in priced for m in ms if m.phase == Phase.SYNC]
     # The micro-batches before the last run forward and backward alone; the last one's
     # backward is where the sync's buckets may start.
-    before = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss)) \
+    order = (ctx.order, [c for c, _ in priced])
+    before = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), order=order) \
         if train.micro_batches > 1 else []
     span = max((e.end for e in before), default=0.0)
     if before and train.zero >= 2:      # ZeRO-2: each ends with its reduce-scatters
@@ -340,7 +358,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         if tuple(syncs) in tried:     # a larger size that cuts the same buckets: the same step
             continue
         tried.add(tuple(syncs))
-        events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs)
+        events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs, order)
         update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else (), flat)
         end = max((e.end for e in events), default=0.0) + (train.micro_batches - 1) * span
         finish, gathers = _after_update(ctx, flat, end + update)
@@ -552,9 +570,13 @@ def _bucket_syncs(ctx: CostContext, weights: Sequence[WeightSync], bucket_bytes:
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
               layout: Sequence[int | None], num_devices: int,
               loss: tuple[tuple[int, ...], float] = ((), 0.0),
-              syncs: Sequence[SyncClass] = ()) -> list[Event]:
-    """List scheduling: forward in topological order, the loss on the output's devices,
-    backward in reverse, each node waiting for its inputs (forward) or its consumers'
+              syncs: Sequence[SyncClass] = (), order: tuple[NodeOrder, Sequence[NodeCost]] | None = None,
+              trace: list[tuple[Action, int]] | None = None) -> list[Event]:
+    """List scheduling of the step's order (``order``: the :class:`~unity_cli.ir.recompute.NodeOrder`
+    and each node's cost before ZeRO-3's gathers, which a recompute pays again; default: no
+    recomputation), each action appended to ``trace`` as it is simulated: forward in topological
+    order, the loss on the output's devices, backward in reverse, a segment's recomputes
+    before its backward, each node waiting for its inputs (forward, recompute) or its consumers'
     gradients (backward) and for its devices; and the gradient all-reduces ``syncs``: a
     bucket as its members start it (:func:`issue` below: each fills its buffers and pays its
     share of the transfer that does not overlap compute where its backward is; the transfer
@@ -583,16 +605,10 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         free_compute[ix] = np.maximum(free_compute[ix], t)
         return t
 
-    for i, n in pcg:
-        c = costs[i]
-        start = max([ready[r.node] for r in n.inputs] + free(free_compute, devs[i]), default=0.0)
-        ready[i] = busy(i, Phase.FWD, ((c.comm_fwd, True), (c.compute_fwd, False)), start)
-    fwd_end = max(ready, default=0.0)
-    gather = sum(c.comm_loss for c in costs)
-    if (loss_s > 0 or gather > 0) and loss_devs:
-        start = max([fwd_end] + free(free_compute, loss_devs))
-        fwd_end = busy(LOSS_NODE, Phase.LOSS, ((gather, True), (loss_s, False)), start)
-    grad_ready = [fwd_end] * len(pcg)
+    nodes, plain = order if order is not None else (node_order(pcg, layout, frozenset(), Recompute.NONE), costs)
+    fwd_end = 0.0
+    grad_ready = [0.0] * len(pcg)
+    again: dict[int, float] = {}                 # a recomputed node: when its recompute ends
     pending = [c for c in syncs if c.ready != AFTER_BACKWARD]   # in the order they start
     issued = 0
 
@@ -624,18 +640,41 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, c.devices, start, start + c.seconds, hidden=True))
         free_comm[ix] = start + c.seconds
         last[ix] = np.maximum(last[ix], start + c.seconds)
-    for i in range(len(pcg) - 1, -1, -1):
-        n, c = pcg.nodes[i], costs[i]
-        users = pcg.consumers[i]
-        start = max([grad_ready[u] for u, _ in users] + [fwd_end], default=fwd_end)
-        if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:   # (a sync carrier has neither: its sync runs below)
-            s = max([start] + free(free_compute, devs[i]))
-            grad_ready[i] = busy(i, Phase.BWD, ((c.compute_bwd, False), (c.comm_bwd, True)), s)
-        else:
-            grad_ready[i] = start
-        while issued < len(pending) and pending[issued].ready >= i:   # backward has run every node from i on
-            issue(pending[issued])
-            issued += 1
+    for act, i in nodes.actions:
+        if trace is not None:
+            trace.append((act, i))
+        match act:
+            case Action.FORWARD:
+                c = costs[i]
+                start = max([ready[r.node] for r in pcg.nodes[i].inputs] + free(free_compute, devs[i]), default=0.0)
+                ready[i] = busy(i, Phase.FWD, ((c.comm_fwd, True), (c.compute_fwd, False)), start)
+            case Action.LOSS:
+                fwd_end = max(ready, default=0.0)
+                gather = sum(c.comm_loss for c in costs)
+                if (loss_s > 0 or gather > 0) and loss_devs:
+                    start = max([fwd_end] + free(free_compute, loss_devs))
+                    fwd_end = busy(LOSS_NODE, Phase.LOSS, ((gather, True), (loss_s, False)), start)
+                grad_ready = [fwd_end] * len(pcg)
+            case Action.RECOMPUTE:     # its forward again, on its devices, once its inputs are made again
+                c = plain[i]
+                start = max([again.get(r.node, fwd_end) for r in pcg.nodes[i].inputs] + free(free_compute, devs[i]),
+                            default=fwd_end)
+                again[i] = busy(i, Phase.BWD, ((c.comm_fwd, True), (c.compute_fwd, False)), start)
+            case Action.BACKWARD:
+                c = costs[i]
+                start = max([grad_ready[u] for u, _ in pcg.consumers[i]] + [fwd_end], default=fwd_end)
+                if c.compute_bwd + c.comm_bwd > 0 and layout[i] is None:   # (a sync carrier has neither: below)
+                    s = max([start] + free(free_compute, devs[i]))
+                    grad_ready[i] = busy(i, Phase.BWD, ((c.compute_bwd, False), (c.comm_bwd, True)), s)
+                else:
+                    grad_ready[i] = start
+                while issued < len(pending) and pending[issued].ready >= i:   # backward has run every node from i on
+                    issue(pending[issued])
+                    issued += 1
+            case Action.DROP:
+                pass
+            case _:
+                assert_never(act)
     for c in pending[issued:]:
         issue(c)
     waits = np.flatnonzero(last > free_compute)   # a bucketed sync's wait for its last transfers

@@ -21,11 +21,17 @@ recomputes the attention core the same way). In both modes
 backward recomputes a segment's recomputed nodes, in order, right before the backward of
 the last of them, and frees them when the segment's backward is done. What a segment reads from
 outside it (its input: the residual stream) stays alive from forward until then.
+
+That order of a micro-batch's work is one value, :class:`NodeOrder` (:func:`node_order`):
+the cost model's simulation walks it over the graph's nodes, and the runtime's
+``StepOrder`` is it over the program's steps, which the executor runs and from which the
+bytes sent and the bytes held are predicted.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
+from dataclasses import dataclass
+from enum import Enum, StrEnum
 
 import numpy as np
 
@@ -126,3 +132,39 @@ def weight_passes(pcg: PCG, layout: Sequence[int | None], again: Sequence[Sequen
         read = set(rs)
         out[w] = (tuple(rs), *(tuple(i for i in seg if i in read) for seg in again if read & set(seg)))
     return out
+
+
+class Action(Enum):
+    """One thing a micro-batch does (:class:`NodeOrder`)."""
+
+    FORWARD = "fwd"          # a node's forward (keeping its context unless it is recomputed)
+    LOSS = "loss"            # the loss, and its gradient
+    RECOMPUTE = "recompute"  # a recomputed node's forward again, keeping its context
+    BACKWARD = "bwd"         # a node's backward (where its gradient flows)
+    DROP = "drop"            # a recomputed segment's backward is done: its values are freed
+
+
+@dataclass(frozen=True)
+class NodeOrder:
+    """The order of one micro-batch's work over every node of a mapped graph: each forward in
+    node order, the loss, then each backward in reverse, a segment's recomputes (``segments``,
+    :func:`recomputed`'s non-empty ones) right before the backward of its last node, and its
+    ``DROP`` right after the backward of its first (the module docstring)."""
+
+    actions: tuple[tuple[Action, int], ...]   # (action, node); LOSS: -1; DROP: the segment's index
+    segments: tuple[tuple[int, ...], ...]
+
+
+def node_order(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRef], mode: Recompute) -> NodeOrder:
+    """The :class:`NodeOrder` of a step of ``pcg`` under recomputation ``mode``."""
+    again = tuple(s for s in recomputed(pcg, layout, grads, mode) if s)
+    first = {s[-1]: j for j, s in enumerate(again)}    # backward meets a segment at its last node
+    last = {s[0]: j for j, s in enumerate(again)}
+    actions = [(Action.FORWARD, i) for i in range(len(pcg))] + [(Action.LOSS, -1)]
+    for i in range(len(pcg) - 1, -1, -1):
+        if i in first:
+            actions += [(Action.RECOMPUTE, x) for x in again[first[i]]]
+        actions.append((Action.BACKWARD, i))
+        if i in last:
+            actions.append((Action.DROP, last[i]))
+    return NodeOrder(tuple(actions), again)

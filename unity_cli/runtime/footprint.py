@@ -271,7 +271,7 @@ class _Walk:
         flows = False
         if t is not None:
             outs = [TensorRef(node, j) for j in range(len(p.pcg.nodes[node].outputs))]
-            flows = any(self.grads.pop(r, None) is not None for r in outs)
+            flows = any([self.grads.pop(r, None) is not None for r in outs])   # (every one popped)
             self.ctx.pop(k, None)
         for _, rd in m.grad_recv:
             self.grads[rd.ref] = self._bytes(rd.ref)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from ..errors import PlanError
 from ..ir.machine_view import MachineView
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import Coord
-from ..ir.recompute import Recompute, recomputed, weight_passes
+from ..ir.recompute import Action, Recompute, node_order, weight_passes
 from ..ir.schedule import (  # noqa: F401  (the executor's and weights' vocabulary)
     LOCAL,
     Assemble,
@@ -107,16 +106,6 @@ def _build(pcg: PCG, views: tuple[MachineView, ...], class_axis: int | None) -> 
                    last_read)
 
 
-class Action(Enum):
-    """One thing a rank does in a micro-batch (:class:`StepOrder`)."""
-
-    FORWARD = "fwd"          # a step's forward (keeping its context unless it is recomputed)
-    LOSS = "loss"            # the loss, and its gradient
-    RECOMPUTE = "recompute"  # a recomputed step's forward again, keeping its context
-    BACKWARD = "bwd"         # a step's backward (where its gradient flows)
-    DROP = "drop"            # a recomputed segment's backward is done: its values are freed
-
-
 @dataclass(frozen=True)
 class StepOrder:
     """The order of one micro-batch's work on every rank, under a recomputation mode
@@ -135,12 +124,16 @@ class StepOrder:
 
     @staticmethod
     def of(p: Program, mode: Recompute = Recompute.NONE) -> StepOrder:
+        """The graph's :class:`~unity_cli.ir.recompute.NodeOrder` over the program's steps
+        (its nodes that are no step of their own are left out)."""
+        order = node_order(p.pcg, p.layout, p.has_grad, mode)
         at = {s.node: k for k, s in enumerate(p.steps)}
-        again = recomputed(p.pcg, p.layout, p.has_grad, mode)
-        segs = [tuple(at[i] for i in seg if i in at) for seg in again]
-        segs = [s for s in segs if s]
-        first = {s[-1]: j for j, s in enumerate(segs)}    # backward meets a segment at its last step
-        last = {s[0]: j for j, s in enumerate(segs)}
+        segs, renumber = [], {}
+        for j, seg in enumerate(order.segments):
+            steps = tuple(at[i] for i in seg if i in at)
+            if steps:
+                renumber[j] = len(segs)
+                segs.append(steps)
         kept: set[TensorRef] = set()
         for seg in segs:
             made = {p.steps[k].node for k in seg}
@@ -149,18 +142,13 @@ class StepOrder:
                 reads = [rd.ref for t in s.tasks for rd in t.reads if rd.src != LOCAL]
                 reads += [s.source] if s.source is not None else []
                 kept.update(r for r in reads if r.node not in made and p.layout[r.node] is None)
-        n = len(p.steps)
-        actions = [(Action.FORWARD, k) for k in range(n)] + [(Action.LOSS, -1)]
-        for k in range(n - 1, -1, -1):
-            if k in first:
-                actions += [(Action.RECOMPUTE, j) for j in segs[first[k]]]
-            actions.append((Action.BACKWARD, k))
-            if k in last:
-                actions.append((Action.DROP, last[k]))
+        actions = [(act, -1) if act is Action.LOSS else (act, renumber[i]) if act is Action.DROP else (act, at[i])
+                   for act, i in order.actions
+                   if act is Action.LOSS or (i in renumber if act is Action.DROP else i in at)]
         index = {a: j for j, a in enumerate(actions)}
         first_use: dict[int, list[int]] = {}
         last_use: dict[int, list[int]] = {}
-        for w, passes in sorted(weight_passes(p.pcg, p.layout, again).items()):
+        for w, passes in sorted(weight_passes(p.pcg, p.layout, order.segments).items()):
             for n, readers in enumerate(passes):
                 kind = Action.FORWARD if n == 0 else Action.RECOMPUTE
                 steps = [at[i] for i in readers if i in at]
