@@ -130,10 +130,15 @@ class Executor:
         self.clock: StepClock | None = None
         """Set to time each step's phases (``phases.py``); the caller closes each step."""
         self.ledger: Ledger | None = None
-        """Set to measure the bytes this rank holds between actions (``ledger.py``)."""
+        """Measures the bytes this rank holds between actions (``ledger.py``; see :meth:`measure`)."""
         self.ctx_keys: dict[int, list] = {}
         self._target: Any = None
         self.loss_scale = 1.0
+
+    def measure(self, ledger: Ledger | None) -> None:
+        """Measure what this rank holds with ``ledger`` from now on (None: stop)."""
+        self.ledger = ledger
+        self.params.sample = ledger.sample if ledger else None
 
     # -- planning ------------------------------------------------------------------
 

@@ -61,7 +61,9 @@ class _Walk:
         self.alias: set[TensorRef] = set()          # weight pieces that are (a slice of) their master
         self.units: dict[int, list[TensorRef]] = {}  # ZeRO-3: weight node -> this rank's pieces of it
         self.unsynced: list[tuple[str, int]] = []    # weights without a bucket: (name, bytes)
-        self.scatters: list[tuple[int, list[TensorRef]]] = []   # ZeRO-2/3: (ready, the gradients it takes)
+        # ZeRO-2/3: per bucket, when backward has made its gradients, the gradients it takes and
+        # the bytes of its flat buffer (held beside them while it is filled and reduce-scattered)
+        self.scatters: list[tuple[int, list[TensorRef], int]] = []
         self._store(optimizer, bucket_bytes)
         for i, n in pcg:
             if n.kind == "Input" or n.kind == "Weight" and not n.op.trainable:
@@ -102,7 +104,8 @@ class _Walk:
                 for q in ms:
                     master[q.name] = ("flat", k)
             if zero >= 2:
-                self.scatters.append((b.ready, [TensorRef(node) for q in ms for node, _, _ in q.pieces[me]]))
+                self.scatters.append((b.ready, [TensorRef(node) for q in ms for node, _, _ in q.pieces[me]],
+                                      b.shard() * len(b.group) * dt.itemsize))
             if zero:
                 self.static[("gshard", k)] = (b.shard() * dt.itemsize, "gradients")
                 updated.append((f"zero:{k}", b.shard(), dt))
@@ -171,7 +174,9 @@ class _Walk:
                         self._backward(k)
                     after = self.mine[k - 1].step.node if k else -1
                     while issued < len(self.scatters) and self.scatters[issued][0] > after:
-                        for ref in self.scatters[issued][1]:
+                        _, refs, flat = self.scatters[issued]
+                        self._sample({("scatter",): (flat, "gradients")})
+                        for ref in refs:
                             self.grads.pop(ref, None)
                         issued += 1
                 case Action.DROP:
@@ -290,8 +295,8 @@ class _Walk:
                 rd = next(r for r in task.reads if r.src == self.me)
                 self.grads[rd.ref] = self._bytes(rd.ref)
 
-    def _sample(self) -> None:
-        held = {**self.static, **self.cut, **self.fed, **self.full, **self.values}
+    def _sample(self, extra: dict[tuple, Entry] | None = None) -> None:
+        held = {**self.static, **self.cut, **self.fed, **self.full, **self.values, **(extra or {})}
         for kept in self.ctx.values():
             held.update(kept)
         held.update((("grad", r), (b, "gradients")) for r, b in self.grads.items())

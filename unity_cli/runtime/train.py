@@ -141,10 +141,16 @@ class RunReport:
             n, size = self.sync["all_reduces"], self.sync.get("bucket_bytes", 0)
             how = (f"in buckets of at least {format_bytes(size)}, each started during backward" if size
                    else "after backward, one flat buffer per group")
-            zero = self.sync.get("zero")
-            what = "reduce-scatter" if zero else "all-reduce"
-            then = ", each with an all-gather of the updated shards after the update (ZeRO-1)" if zero else ""
-            lines.append(f"sync     {n} gradient {what}{'s' * (n != 1)} per step on rank 0, {how}{then}")
+            zero = self.sync.get("zero", 0)
+            if zero >= 2:
+                then = ("and an all-gather of the updated shards after the update" if zero == 2 else
+                        "each weight gathered before each pass that reads it")
+                lines.append(f"sync     {n} gradient reduce-scatter{'s' * (n != 1)} per micro-batch on rank 0, each "
+                             f"weight's as soon as backward has made it; {then} (ZeRO-{zero})")
+            else:
+                what = "reduce-scatter" if zero else "all-reduce"
+                then = ", each with an all-gather of the updated shards after the update (ZeRO-1)" if zero else ""
+                lines.append(f"sync     {n} gradient {what}{'s' * (n != 1)} per step on rank 0, {how}{then}")
         micro = self.sync.get("micro_batches", 1)
         if micro > 1:
             lines.append(f"step     {micro} micro-batches per step, gradients accumulated before the sync")
@@ -154,6 +160,10 @@ class RunReport:
                 f"they differ on {sum(a != b for a, b in zip(held, planned))} rank(s)"
             lines.append(f"memory   held {format_bytes(max(held))} measured, {format_bytes(max(planned))} predicted "
                          f"(the largest rank's peak between actions; {same})")
+            if self.memory.get("plan"):
+                other = self.memory.get("plan_optimizer", self.optimizer)
+                lines.append(f"         the plan's own account {format_bytes(max(self.memory['plan']))} on its busiest "
+                             f"device{'' if other == self.optimizer else f' (priced for {other})'}")
         if self.peak_rss_bytes:
             shown = " ".join(f"{b / 2**20:.0f}" for b in self.peak_rss_bytes[:8])
             base = f", {max(self.start_rss_bytes) / 2**20:.0f} MiB before the model was read" \
@@ -412,7 +422,8 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     reset_peak()           # the peak resident memory measured is the training's, not the loading's
     losses, times = [], []
     clock = job.executor.clock = StepClock(comm)
-    ledger = job.executor.ledger = Ledger(job.executor)     # the first step's (the warm-up, when there are more)
+    ledger = Ledger(job.executor)      # the first step's (the warm-up, when there are more)
+    job.executor.measure(ledger)
     for s in range(opts.steps):
         batches = [job.data.batch(s * micro + j) for j in range(micro)]
         # every rank takes part; rank 0 gets them, a folded weight as the model's weights it holds
@@ -422,7 +433,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
         why = f"injected fault in step {s} (UNITY_FAULT_RANK={rank})" if fault == s else None
         loss = job.executor.train_step([(b.inputs, xp.asarray(b.labels)) for b in batches], fault=why)
         comm.sync()
-        job.executor.ledger = None
+        job.executor.measure(None)
         times.append(time.perf_counter() - t0)
         clock.stop(times[-1])
         losses.append(loss)
@@ -444,7 +455,10 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     planned = comm.allgather_obj(planned_memory(job.executor.p, rank, job.plan.training, job.optimizer.kind.value,
                                                 job.params.bucket_bytes, job.loss))
     memory = {"measured": [b for b, _ in held], "predicted": [b for b, _ in planned],
-              "parts": {"measured": [parts for _, parts in held], "predicted": [parts for _, parts in planned]}}
+              "parts": {"measured": [parts for _, parts in held], "predicted": [parts for _, parts in planned]},
+              # the planner's account, which decided what fits (cost/memory.py; for the plan's optimizer)
+              "plan": list(job.plan.predicted.get("memory_bytes", [])),
+              "plan_optimizer": job.plan.config.get("optimizer", "adam")}
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
     final = unfold(job.params.gather(0), job.plan.pcg) if opts.save else {}
     failure = None

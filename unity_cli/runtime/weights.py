@@ -20,7 +20,7 @@ that reads it (:meth:`ParamStore.gather_unit`) and frees it after.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,7 @@ class ParamStore:
         self.fault_scale = 1.0        # UNITY_FAULT_GRAD_RANK: this rank's gradient pieces scaled (for tests)
         self.synced: dict[str, Any] = {}
         self._full: dict[str, Any] = {}   # this step's gradient of each master region
+        self.sample: Callable[[], None] | None = None   # the memory ledger's, at a reduce-scatter's fullest
         for p in self.plans:              # the optimizer's state, made now: every step holds the same
             if p.name in self.master and p.name not in self._sharded:
                 optimizer.prepare(p.name, self.master[p.name])
@@ -179,6 +180,8 @@ class ParamStore:
         flat = self._flat_buffer(b, shard.size * len(b.group), shard.dtype)
         for w in b.weights:
             self._fill(self._by_node[w], grads)
+        if self.sample:      # the flat buffer beside the gradients it was filled from
+            self.sample()
         if k not in self._scattered:
             self.comm.reduce_scatter(b.group, flat, shard)
             self._scattered.add(k)
