@@ -169,7 +169,7 @@ def _training(strategy: str, zero: str, micro_batches: str, recompute: str, devi
     None where the search chooses): ``--strategy tp=..,dp=..`` names all three (its zero=,
     mb= and recompute=, else the defaults); ``--zero``, ``--micro-batches`` and
     ``--recompute`` fix each on its own."""
-    from .ir.recompute import Recompute
+    from .ir.recompute import parse_recompute
     from .search.baselines import is_hybrid, parse_strategy, whole_number
 
     k = None
@@ -182,8 +182,14 @@ def _training(strategy: str, zero: str, micro_batches: str, recompute: str, devi
         if zero != "auto" or k is not None or recompute != "auto":
             raise UsageError(f"--strategy {strategy[:200]}: give zero=, mb= and recompute= in it, not --zero, "
                              "--micro-batches or --recompute")
-        return named.zero, named.micro_batches, named.recompute
-    return (None if zero == "auto" else int(zero)), k, (None if recompute == "auto" else Recompute(recompute))
+        return named.zero, named.micro_batches, (named.recompute, named.recompute_segments)
+    if recompute == "auto":
+        return (None if zero == "auto" else int(zero)), k, None
+    try:
+        mode = parse_recompute(recompute)
+    except ValueError as e:
+        raise UsageError(f"--recompute {recompute[:40]!r}: {e} or auto") from None
+    return (None if zero == "auto" else int(zero)), k, mode
 
 
 def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -214,9 +220,10 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--strategy", default="best", show_default=True,
               help="best (the joint search, keeping the fastest plan found) | unity | parallel_only | "
                    "algebraic_then_parallel | data_parallel | tensor_parallel | hybrid (the fastest uniform "
-                   "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,mb=K][,recompute=R] (tensor parallel T ways on "
-                   "consecutive devices, data parallel D ways across the groups, T*D = the cluster's device "
-                   "count; ZeRO stage Z, K micro-batches per step, recomputation none or full)")
+                   "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,mb=K][,recompute=R[:S]] (tensor parallel T ways "
+                   "on consecutive devices, data parallel D ways across the groups, T*D = the cluster's device "
+                   "count; ZeRO stage Z, K micro-batches per step, recomputation none, selective or full, of "
+                   "the first S segments only with :S)")
 @click.option("--zero", type=click.Choice(["auto", "0", "1", "2", "3"]), default="auto", show_default=True,
               help="ZeRO stage of the data-parallel replicas: 0 (every replica keeps everything) | 1 (optimizer "
                    "state sharded: gradients reduce-scattered, weights all-gathered after the update) | 2 (the "
@@ -226,12 +233,12 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--micro-batches", "micro_batches", default="auto", show_default=True, metavar="auto|K",
               help="Micro-batches per optimizer step (gradient accumulation; --batch-size stays the global "
                    "batch): K | auto (1, more only where no plan fits in memory).")
-@click.option("--recompute", type=click.Choice(["auto", "none", "selective", "full"]), default="auto",
-              show_default=True,
+@click.option("--recompute", default="auto", show_default=True, metavar="auto|none|selective|full[:S]",
               help="Activation recomputation: none (keep every activation for backward) | selective (keep what "
                    "the weighted products read, run the rest again in backward: norms, activations, the "
                    "attention scores) | full (keep each segment's input, e.g. a transformer's residual stream, "
-                   "and run the segment's forward again in backward) | auto (the search chooses).")
+                   "and run the segment's forward again in backward); :S recomputes only the first S segments "
+                   "| auto (the search chooses, full of as few segments as fit).")
 @click.option("--budget", type=float, metavar="SECONDS",
               help="A ceiling on the seconds the whole run may take (default: none); the best plan so far "
                    "is kept, and the plan records \"cut_by_budget\" when it cut the search.")

@@ -134,6 +134,7 @@ CASES = [("mlp", "tp=1,dp=2,recompute=full", 2, 8),
          ("bert_tiny", "tp=2,dp=2,zero=2,mb=2,recompute=selective", 4, 8),
          ("convnet_tiny", "tp=1,dp=3,recompute=full", 3, 6),
          ("llama2-70b", "tp=2,dp=2,mb=2,recompute=selective", 4, 8),
+         ("llama2-7b", "tp=2,dp=1,zero=1,recompute=full:2", 2, 4),     # the first 2 segments only
          ("gpt3-175b", "tp=1,dp=3,zero=3,mb=2,recompute=full", 3, 6)]
 
 
@@ -155,7 +156,7 @@ def test_recomputing_trains_like_one_process_and_sends_what_it_predicts(plans, t
     optimize(model, spec, plan, batch, "--strategy", strategy)
     loaded = load_plan(plan)
     head, mode = strategy.split(",recompute=")
-    assert loaded.training.recompute is Recompute(mode)
+    assert loaded.training.recompute_name == mode
     kept = tmp_path / "kept.json"
     optimize(model, spec, kept, batch, "--strategy", head)
     doc = run_json(plan, "--steps", "2", "--check", ranks=ranks)
@@ -235,7 +236,11 @@ def test_the_search_recomputes_only_where_nothing_fits_without(tmp_path):
 @pytest.mark.parametrize("args,needle", [(["--strategy", "tp=1,dp=2,recompute=some"], "recompute=some: expected one"),
                                          (["--strategy", "tp=1,dp=2,recompute=full", "--recompute", "none"],
                                           "not --zero, --micro-batches or --recompute"),
-                                         (["--recompute", "half"], "Invalid value for '--recompute'")])
+                                         (["--recompute", "half"], "--recompute 'half': expected one of"),
+                                         (["--recompute", "full:0"], "--recompute 'full:0': expected one of"),
+                                         (["--recompute", "none:2"], "--recompute 'none:2': expected one of"),
+                                         (["--strategy", "tp=1,dp=2,recompute=full:²"], "recompute=full:²: expected"),
+                                         (["--strategy", "tp=1,dp=2,recompute=full:x"], "recompute=full:x: expected")])
 def test_bad_recompute_options_are_one_line(tmp_path, args, needle):
     model = mlp_model(tmp_path / "mlp.onnx")
     r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(SPECS / "local-cpu.yaml"), "--batch-size",
@@ -254,3 +259,9 @@ def test_an_edited_recompute_field_is_refused(tmp_path):
     r = unity_run(plan, "--steps", "1")
     assert r.returncode != 0 and "config.recompute" in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
         r.stderr
+    for bad in (-1, "2", True, 3.5):
+        doc["config"]["recompute"] = "full"
+        doc["config"]["recompute_segments"] = bad
+        plan.write_text(json.dumps(seal(doc)))
+        r = unity_run(plan, "--steps", "1")
+        assert r.returncode != 0 and "config.recompute_segments" in r.stderr, r.stderr

@@ -39,7 +39,7 @@ def _draws(n: int) -> list[tuple[str, int, str]]:
         else:
             tp = rng.choice([t for t in (1, 2, 4) if ranks % t == 0])
             strategy = (f"tp={tp},dp={ranks // tp},zero={rng.choice([0, 1, 2, 3])},mb={rng.choice([1, 2])},"
-                        f"recompute={rng.choice(['none', 'selective', 'full'])}")
+                        f"recompute={rng.choice(['none', 'selective', 'full', 'full:1', 'selective:2'])}")
         out.append((name, ranks, strategy))
     return out
 
@@ -82,7 +82,7 @@ def test_the_simulation_walks_the_order_the_ranks_run(plans, tmp_path, name, ran
     trace = simulated_order(plan.pcg, plan.views, plan.cluster, plan_config(plan))
     assert sum(a is Action.FORWARD for a, _ in trace) == sum(a is Action.BACKWARD for a, _ in trace) == len(plan.pcg)
     program = build_program(plan.pcg, plan.views, None)
-    order = StepOrder.of(program, plan.training.recompute)
+    order = StepOrder.of(program, plan.training.recompute, plan.training.recompute_segments)
     ran = [(act, tuple(order.segments[k]) if act is Action.DROP else k) for act, k in order.actions]
     assert _in_steps(trace, program) == ran
     recomputes = [k for act, k in order.actions if act is Action.RECOMPUTE]
@@ -97,7 +97,7 @@ def test_a_simulation_that_folds_the_recompute_into_backward_is_caught(plans, tm
     plan = load_plan(plan_path)
     trace = simulated_order(plan.pcg, plan.views, plan.cluster, plan_config(plan))
     program = build_program(plan.pcg, plan.views, None)
-    order = StepOrder.of(program, plan.training.recompute)
+    order = StepOrder.of(program, plan.training.recompute, plan.training.recompute_segments)
     ran = [(act, tuple(order.segments[k]) if act is Action.DROP else k) for act, k in order.actions]
     folded = [(a, i) for a, i in trace if a not in (Action.RECOMPUTE, Action.DROP)]
     assert any(a is Action.RECOMPUTE for a, _ in trace)

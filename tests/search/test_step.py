@@ -14,7 +14,8 @@ from unity_cli.cluster import load_cluster
 from unity_cli.cost.model import CostConfig, Optimizer
 from unity_cli.errors import InfeasibleError
 from unity_cli.ir import DType
-from unity_cli.ir.recompute import Recompute
+from unity_cli.ir.recompute import Recompute, segments
+from unity_cli.ir.schedule import layout_sources
 from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.search.baselines import hybrid_degrees, strategy_name
@@ -38,9 +39,10 @@ def _hand_written(graph_for, batch, cluster, config):
     got = {}
     for k in (d for d in range(1, batch + 1) if batch % d == 0):
         for tp, dp in hybrid_degrees(cluster.num_devices, batch // k):
+            total = len(segments(graph_for(k), layout_sources(graph_for(k))))
             for z in range(4):
-                for r in Recompute:
-                    train = Training(z, k, r)
+                for r, s in [(r, 0) for r in Recompute] + [(Recompute.FULL, s) for s in range(1, total)]:
+                    train = Training(z, k, r, s)
                     name = strategy_name(tp, dp, train)
                     row = price_hybrid(_named_hybrid(name, graph_for(k), cluster, train), cluster,
                                        replace(config, training=train), mapped=True)
@@ -73,7 +75,7 @@ def test_best_is_never_slower_than_a_hand_written_configuration(tmp_path, model,
     # the hybrid row is the best uniform configuration, named with its step's shape
     row = result.candidates[HYBRID]
     assert row.report.step_time == pytest.approx(min(hand.values()), rel=1e-9)
-    assert hand[row.baseline.description.split(":")[0]] == pytest.approx(row.report.step_time, rel=1e-9)
+    assert hand[row.baseline.description.split(": ")[0]] == pytest.approx(row.report.step_time, rel=1e-9)
 
 
 def test_the_step_shape_given_is_kept_and_nothing_that_fits_is_one_error(tmp_path):
@@ -81,7 +83,7 @@ def test_the_step_shape_given_is_kept_and_nothing_that_fits_is_one_error(tmp_pat
     zoo.write("llama2-7b", path, "small")
     graph_for, c = _graphs(path, 8), load_cluster("summit-192:6")
     config = CostConfig(DType.FLOAT32, Optimizer.ADAM)
-    got = best_uniform(graph_for, 8, c, config, stages=(2,), ks=[2], modes=(Recompute.FULL,))
+    got = best_uniform(graph_for, 8, c, config, stages=(2,), ks=[2], modes=((Recompute.FULL, 0),))
     assert got is not None and got.training == Training(2, 2, Recompute.FULL)
     assert all(t.report.training == got.training for t in got.tried)
     result, k = optimize_step(graph_for, 8, c, config, zero=2, micro_batches=4, max_candidates=10)

@@ -45,7 +45,9 @@ def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[i
     stored = stored_nodes(pcg, layout)
     per_param, zero = config.weight_bytes, config.training.zero
     grads = needs_grad(pcg, pcg.outputs[0])
-    segment = {i: s for s, seg in enumerate(recomputed(pcg, layout, grads, config.training.recompute)) for i in seg}
+    t = config.training
+    segment = {i: s for s, seg in enumerate(recomputed(pcg, layout, grads, t.recompute, t.recompute_segments))
+               for i in seg}
     workspace = np.zeros((max(segment.values(), default=-1) + 1, num_devices), dtype=np.int64)
     for i, n in pcg:
         if not stored[i]:

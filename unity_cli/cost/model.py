@@ -153,12 +153,14 @@ class CostContext:
     @functools.cached_property
     def recomputed(self) -> tuple[tuple[int, ...], ...]:
         """The nodes backward recomputes, per segment (``ir/recompute.py``)."""
-        return recomputed(self.pcg, self.layout, self.structure.grads, self.config.training.recompute)
+        t = self.config.training
+        return recomputed(self.pcg, self.layout, self.structure.grads, t.recompute, t.recompute_segments)
 
     @functools.cached_property
     def order(self) -> NodeOrder:
         """The order of a micro-batch's work, which the simulation walks (``ir/recompute.py``)."""
-        return node_order(self.pcg, self.layout, self.structure.grads, self.config.training.recompute)
+        t = self.config.training
+        return node_order(self.pcg, self.layout, self.structure.grads, t.recompute, t.recompute_segments)
 
     @functools.cached_property
     def weight_passes(self) -> dict[int, tuple[tuple[int, ...], ...]]:

@@ -47,6 +47,17 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+def parse_recompute(text: str) -> tuple[Recompute, int]:
+    """``none``, ``selective`` or ``full``, optionally ``:K`` for the first K segments only
+    (``full:40``); a ValueError saying what is expected otherwise."""
+    mode, sep, count = text.strip().lower().partition(":")
+    expected = f"expected one of {', '.join(Recompute)}, optionally :K (the first K segments, e.g. full:40)"
+    if mode not in set(Recompute) or sep and (Recompute(mode) is Recompute.NONE or not count.isascii()
+                                              or not count.isdigit() or not 0 < len(count) <= 9 or int(count) < 1):
+        raise ValueError(expected)
+    return Recompute(mode), int(count) if sep else 0
+
+
 def activation_nodes(pcg: PCG, layout: Sequence[int | None]) -> list[int]:
     """The nodes with a step of their own, in node (topological) order."""
     return [i for i, n in pcg if not n.spec.is_source and layout[i] is None]
@@ -101,18 +112,20 @@ def segments(pcg: PCG, layout: Sequence[int | None]) -> tuple[tuple[int, ...], .
 
 
 def recomputed(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRef],
-               mode: Recompute) -> tuple[tuple[int, ...], ...]:
+               mode: Recompute, limit: int = 0) -> tuple[tuple[int, ...], ...]:
     """Per segment (:func:`segments`, in order), the nodes backward recomputes: under
     ``full`` those whose gradient flows, but the graph's outputs; under ``selective`` those
-    of them that read no trainable weight; none under ``none``."""
+    of them that read no trainable weight; none under ``none``. With ``limit``, only the
+    first ``limit`` segments recompute (Megatron-LM's ``--recompute-num-layers``): the step
+    recomputes as much as it needs to fit, and no more."""
     if mode is Recompute.NONE:
         return ()
     outputs = {r.node for r in pcg.outputs}
     selective = mode is Recompute.SELECTIVE
     return tuple(tuple(i for i in seg if i not in outputs and
                        any(TensorRef(i, k) in grads for k in range(len(pcg.nodes[i].outputs))) and
-                       not (selective and reads_weight(pcg, i, layout)))
-                 for seg in segments(pcg, layout))
+                       not (selective and reads_weight(pcg, i, layout))) if not limit or s < limit else ()
+                 for s, seg in enumerate(segments(pcg, layout)))
 
 
 def weight_passes(pcg: PCG, layout: Sequence[int | None], again: Sequence[Sequence[int]]
@@ -155,9 +168,11 @@ class NodeOrder:
     segments: tuple[tuple[int, ...], ...]
 
 
-def node_order(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRef], mode: Recompute) -> NodeOrder:
-    """The :class:`NodeOrder` of a step of ``pcg`` under recomputation ``mode``."""
-    again = tuple(s for s in recomputed(pcg, layout, grads, mode) if s)
+def node_order(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRef], mode: Recompute,
+               limit: int = 0) -> NodeOrder:
+    """The :class:`NodeOrder` of a step of ``pcg`` under recomputation ``mode`` (of the first
+    ``limit`` segments; 0: all)."""
+    again = tuple(s for s in recomputed(pcg, layout, grads, mode, limit) if s)
     first = {s[-1]: j for j, s in enumerate(again)}    # backward meets a segment at its last node
     last = {s[0]: j for j, s in enumerate(again)}
     actions = [(Action.FORWARD, i) for i in range(len(pcg))] + [(Action.LOSS, -1)]

@@ -21,16 +21,17 @@ ZeRO stages (Rajbhandari et al., SC'20), as built:
   shard it updates), the update runs on the shard, and the new weights are all-gathered.
   Its bytes sent equal the all-reduce's, up to the padding of the flat buffer to a
   multiple of the group. Megatron-LM's distributed optimizer is this stage.
-* 2: the gradients are sharded too: each micro-batch's gradients are reduce-scattered at
-  the end of its backward and added into the member's shard, so no replica keeps a whole
-  gradient from one micro-batch to the next. With ``k`` micro-batches it sends ``k``
-  reduce-scatters where stage 1 sends one (DeepSpeed's stage 2 does the same).
+* 2: the gradients are sharded too: each weight is its own bucket, reduce-scattered as
+  soon as backward has made its gradient and added into the member's shard, so no replica
+  keeps a whole gradient longer than that. With ``k`` micro-batches it sends ``k``
+  reduce-scatters of each weight where stage 1 sends one flat buffer (DeepSpeed's stage 2
+  reduce-scatters in buckets during backward the same way).
 * 3: the weights are sharded too (FSDP's ``FULL_SHARD``): each weight is its own unit,
   padded to equal shards; each member keeps its shard and its optimizer state, all-gathers
   the weight before each pass that reads it (forward, and each recompute of a segment that
   reads it, ``ir/recompute.py``) and frees it after the pass's last reader; its gradient is
-  reduce-scattered every micro-batch, and the update runs on the shard (nothing is gathered
-  after it). A reader whose context keeps its inputs for backward (one that is not
+  reduce-scattered every micro-batch as soon as backward has made it, and the update runs
+  on the shard (nothing is gathered after it). A reader whose context keeps its inputs for backward (one that is not
   recomputed) keeps the gathered weight until then, so only weights whose readers are all
   recomputed are held as shards alone through the step.
 """
@@ -52,6 +53,7 @@ class Training:
     zero: int = 0
     micro_batches: int = 1
     recompute: Recompute = Recompute.NONE
+    recompute_segments: int = 0     # recompute only the first this many segments (0: every one)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", Recompute(self.recompute))
@@ -59,6 +61,14 @@ class Training:
             raise ValueError(f"zero={self.zero}: stages {', '.join(map(str, ZERO_STAGES))} are built")
         if self.micro_batches < 1:
             raise ValueError(f"micro_batches={self.micro_batches}: must be at least 1")
+        if self.recompute_segments < 0 or self.recompute_segments and self.recompute is Recompute.NONE:
+            raise ValueError(f"recompute_segments={self.recompute_segments}: a count of recomputed segments "
+                             "(with recompute full or selective)")
+
+    @property
+    def recompute_name(self) -> str:
+        """``none``, ``selective``, ``full``, or with a count of segments ``full:K``."""
+        return f"{self.recompute.value}:{self.recompute_segments}" if self.recompute_segments else self.recompute.value
 
     @property
     def default(self) -> bool:
@@ -73,6 +83,8 @@ class Training:
             out["micro_batches"] = self.micro_batches
         if self.recompute is not Recompute.NONE:
             out["recompute"] = self.recompute.value
+        if self.recompute_segments:
+            out["recompute_segments"] = self.recompute_segments
         return out
 
     def describe(self) -> str:
@@ -82,7 +94,8 @@ class Training:
         if self.micro_batches > 1:
             parts.append(f"{self.micro_batches} micro-batches")
         if self.recompute is not Recompute.NONE:
-            parts.append(f"{self.recompute.value} recomputation")
+            first = f" of the first {self.recompute_segments} segments" if self.recompute_segments else ""
+            parts.append(f"{self.recompute.value} recomputation{first}")
         return ", ".join(parts)
 
 

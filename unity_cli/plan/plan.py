@@ -110,7 +110,8 @@ class Plan:
         """The step's micro-batches, ZeRO stage and recomputation (``ir/training.py``; the
         defaults in plans that do not name them)."""
         return Training(int(self.config.get("zero", 0)), int(self.config.get("micro_batches", 1)),
-                        Recompute(self.config.get("recompute", Recompute.NONE)))
+                        Recompute(self.config.get("recompute", Recompute.NONE)),
+                        int(self.config.get("recompute_segments", 0)))
 
     @property
     def comm_bytes(self) -> list[int] | None:
@@ -201,6 +202,10 @@ def _bad_config(config: Any) -> str:
     r = config.get("recompute", Recompute.NONE)
     if not isinstance(r, str) or r not in set(Recompute):
         return f"config.recompute: expected one of {', '.join(Recompute)}, got {r!r}"
+    n = config.get("recompute_segments", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1 << 20 or n and r == Recompute.NONE:
+        return (f"config.recompute_segments: expected a whole number of segments >= 0 (with recompute "
+                f"full or selective), got {n!r}")
     if z and b:
         return "config.zero: ZeRO's sync runs flat, but config.sync_bucket_bytes names buckets"
     return ""

@@ -108,7 +108,7 @@ class Executor:
         self.constants = constants
         self.me = comm.rank
         self.mine = [self._plan_step(k, s) for k, s in enumerate(program.steps)]
-        self.order = StepOrder.of(program, training.recompute)
+        self.order = StepOrder.of(program, training.recompute, training.recompute_segments)
         self._free = [[r for r in m.free if r not in self.order.kept] for m in self.mine]
         self._unit_refs = {w: [TensorRef(node) for node, _, _ in params._by_node[w].pieces[self.me]]
                            for w in params.units}     # ZeRO-3: each gathered weight's resident pieces
@@ -659,7 +659,8 @@ def planned_calls(p: Program, me: int, size: int, training: Training = Training(
     # ZeRO-3: each weight gathered before each pass that reads it
     gathers = {b.weights[0]: _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.BEFORE_USE])
                for b in buckets}
-    calls = _micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute), gathers, scatters) \
+    calls = _micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute, training.recompute_segments),
+                                gathers, scatters) \
         * training.micro_batches
     calls += _sync_calls([c for c in mine if c.when is SyncWhen.SYNC])
     calls += _sync_calls([c for c in mine if c.when is SyncWhen.AFTER_UPDATE])

@@ -54,7 +54,7 @@ class _Walk:
                  loss: LossKind):
         self.p, self.me, self.training = p, me, training
         pcg = p.pcg
-        self.order = StepOrder.of(p, training.recompute)
+        self.order = StepOrder.of(p, training.recompute, training.recompute_segments)
         self.mine = [plan_step(p, me, k, s) for k, s in enumerate(p.steps)]
         self.free = [[r for r in m.free if r not in self.order.kept] for m in self.mine]
         self.static: dict[tuple, Entry] = {}
@@ -197,7 +197,7 @@ class _Walk:
         if ref in self.alias:
             return None
         src = self.p.layout[ref.node]
-        weight = src is not None and isinstance(self.p.pcg.nodes[src].op, WeightAttrs)
+        weight = src is not None and isinstance(op := self.p.pcg.nodes[src].op, WeightAttrs) and op.trainable
         return ("ref", ref), (self._bytes(ref), "weights" if weight else "activations")
 
     def _source(self, k: int, ri: int) -> tuple[tuple, Entry] | None:

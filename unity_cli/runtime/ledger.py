@@ -92,11 +92,13 @@ class Ledger:
 
     def _value(self, ref: Any, a: Any) -> tuple[tuple, int, str]:
         """The key, bytes and part of a value the executor holds: a weight piece that is its
-        master (or a slice of it) is that array; any other value is its own tensor."""
+        master (or a slice of it) is that array; any other value is its own tensor (a
+        kernel's view of a weight, a transpose, too: a tensor, at its size)."""
+        weight = ref.node in self._weights
         r = root(a)
-        if id(r) in self._param_roots:
+        if weight and id(r) in self._param_roots:
             return ("root", id(r)), r.nbytes, "weights"
-        return ("ref", ref), a.nbytes, "weights" if ref.node in self._weights else "activations"
+        return ("ref", ref), a.nbytes, "weights" if weight else "activations"
 
     def ctx_keys(self, m: Any, ins: Sequence[Any], outs: Sequence[Any], saved: Any) -> list[tuple[tuple, int, str]]:
         """What a kernel's context (of the executor's step ``m``) keeps, as ledger entries."""

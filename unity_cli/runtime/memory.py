@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import resource
 import sys
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -43,7 +44,6 @@ def resident() -> tuple[int, int]:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
         return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
-        import resource  # noqa: PLC0415  (not on Windows)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak = int(peak if sys.platform == "darwin" else peak * 1024)
         return peak, peak

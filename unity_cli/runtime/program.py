@@ -123,10 +123,11 @@ class StepOrder:
     last_use: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @staticmethod
-    def of(p: Program, mode: Recompute = Recompute.NONE) -> StepOrder:
+    def of(p: Program, mode: Recompute = Recompute.NONE, limit: int = 0) -> StepOrder:
         """The graph's :class:`~unity_cli.ir.recompute.NodeOrder` over the program's steps
-        (its nodes that are no step of their own are left out)."""
-        order = node_order(p.pcg, p.layout, p.has_grad, mode)
+        (its nodes that are no step of their own are left out); ``limit``: the segments
+        recomputed (``Training.recompute_segments``)."""
+        order = node_order(p.pcg, p.layout, p.has_grad, mode, limit)
         at = {s.node: k for k, s in enumerate(p.steps)}
         segs, renumber = [], {}
         for j, seg in enumerate(order.segments):

@@ -37,7 +37,7 @@ from ..ir.ops.parallel import RepartitionAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import SUM, WHOLE, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
-from ..ir.recompute import Recompute
+from ..ir.recompute import Recompute, parse_recompute
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
 from ..ir.training import ZERO_STAGES, Training
@@ -171,18 +171,18 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
     the cluster's device count."""
     t = max(d for d in divisors(devices) if d * d <= devices)
     usage = (f"--strategy {strategy[:200]!r}: expected tp=T,dp=D[,zero=Z][,mb=K][,recompute="
-             f"{'|'.join(Recompute)}] with T*D = {devices} (the cluster's device count), e.g. "
+             f"{'|'.join(Recompute)}[:S]] with T*D = {devices} (the cluster's device count), e.g. "
              f"tp={t},dp={devices // t}")
     values: dict[str, int] = {}
-    recompute = Recompute.NONE
+    recompute, segments = Recompute.NONE, 0
     for part in strategy.split(","):
         key, sep, value = part.partition("=")
         key, value = key.strip().lower(), value.strip()
         if key == "recompute" and sep and "recompute" not in values:
-            if value.lower() not in set(Recompute):
-                raise UsageError(f"--strategy {strategy[:200]!r}: recompute={value[:40]}: expected one of "
-                                 f"{', '.join(Recompute)}")
-            recompute = Recompute(value.lower())
+            try:
+                recompute, segments = parse_recompute(value)
+            except ValueError as e:
+                raise UsageError(f"--strategy {strategy[:200]!r}: recompute={value[:40]}: {e}") from None
             values[key] = 0
             continue
         if not sep or key not in STRATEGY_KEYS or key in values or not whole_number(value):
@@ -200,7 +200,7 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
                          f"{', '.join(map(str, ZERO_STAGES))}")
     if mb < 1:
         raise UsageError(f"--strategy {strategy[:200]}: mb={mb}: micro-batches per step must be at least 1")
-    return tp, dp, Training(zero, mb, recompute)
+    return tp, dp, Training(zero, mb, recompute, segments)
 
 
 def whole_number(text: str) -> bool:
@@ -213,7 +213,7 @@ def strategy_name(tp: int, dp: int, training: Training = Training()) -> str:
     micro-batches and recomputation where not the default."""
     extra = (f",zero={training.zero}" if training.zero else "") + \
         (f",mb={training.micro_batches}" if training.micro_batches > 1 else "") + \
-        (f",recompute={training.recompute}" if training.recompute is not Recompute.NONE else "")
+        (f",recompute={training.recompute_name}" if training.recompute is not Recompute.NONE else "")
     return hybrid_name(tp, dp) + extra
 
 

@@ -105,8 +105,8 @@ class Again(Enum):
     ALL = "all"                # recomputed; nothing kept
 
 
-def _again(pcg: PCG, grads: frozenset[TensorRef], mode: Recompute) -> dict[int, Again]:
-    segment = {i: s for s, seg in enumerate(recomputed(pcg, layout_sources(pcg), grads, mode)) for i in seg}
+def _again(pcg: PCG, grads: frozenset[TensorRef], mode: Recompute, limit: int = 0) -> dict[int, Again]:
+    segment = {i: s for s, seg in enumerate(recomputed(pcg, layout_sources(pcg), grads, mode, limit)) for i in seg}
     return {i: Again.ALL if all(segment.get(u) == s for u, _ in pcg.consumers[i]) else Again.KEEPS_OUTPUT
             for i, s in segment.items()}
 
@@ -446,7 +446,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: Mesh
     returned = {r.node for r in pcg.outputs}
     grads = needs_grad(pcg, pcg.outputs[0])
     copies = runtime_copies(pcg, cluster)
-    again = _again(pcg, grads, config.training.recompute)
+    again = _again(pcg, grads, config.training.recompute, config.training.recompute_segments)
     keys = {}
     on = {i: mesh if meshes is None else meshes.get(i, mesh) for i in nodes}
     for i in nodes:

@@ -39,7 +39,8 @@ from ..cost.model import CostConfig, estimate
 from ..deadline import OutOfTime, ceiling, check
 from ..errors import InfeasibleError, UnityError, UsageError
 from ..ir.pcg import PCG
-from ..ir.recompute import Recompute
+from ..ir.recompute import Recompute, segments
+from ..ir.schedule import layout_sources
 from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import validate
 from ..substitutions.match import RewriteError, apply_match, find_matches
@@ -96,13 +97,23 @@ def _fewest(ks: Sequence[int], fits: Callable[[int], bool]) -> int | None:
     return ks[hi]
 
 
+Mode = tuple[Recompute, int | None]
+"""A recomputation and the count of segments it recomputes (0: every one; None: the fewest
+with which the step fits, searched)."""
+
+MODES: tuple[Mode, ...] = ((Recompute.NONE, 0), (Recompute.SELECTIVE, 0), (Recompute.FULL, None))
+"""What the search tries: nothing recomputed, selective, and full of as few segments as fit."""
+
+
 def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
                  stages: Sequence[int] = ZERO_STAGES, ks: Sequence[int] | None = None,
-                 modes: Sequence[Recompute] = tuple(Recompute)) -> Uniform | None:
-    """The fastest ``tp=T,dp=D,zero=Z,mb=K,recompute=R`` that fits (None: none does): every
+                 modes: Sequence[Mode] = MODES) -> Uniform | None:
+    """The fastest ``tp=T,dp=D,zero=Z,mb=K,recompute=R[:S]`` that fits (None: none does): every
     factorization ``T*D`` of the device count, ZeRO stage of ``stages`` and recomputation of
     ``modes``, each at the fewest micro-batches of ``ks`` (default: every divisor of the
-    global ``batch``) whose micro-batch ``D`` divides. Each that fits is priced at its better
+    global ``batch``) whose micro-batch ``D`` divides, and there (where ``modes`` leaves the
+    count of segments to the search) recomputing the fewest segments with which it still
+    fits. Each that fits is priced at its better
     grid (``price_hybrid``), and those within :data:`MAPPED_WITHIN` of the fastest are laid
     out by the machine-mapping DP too.
     ``graph_for(k)`` is the graph at the micro-batch size of ``k`` micro-batches."""
@@ -125,21 +136,27 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
     def shaped(train: Training) -> CostConfig:
         return replace(config, training=train)
 
-    def fits(k: int, tp: int, dp: int, z: int, r: Recompute) -> bool:
+    def fits(k: int, tp: int, dp: int, z: int, r: Recompute, s: int = 0) -> bool:
         b = layout(k, tp, dp)
-        return b is not None and _peak_memory(b.pcg, cluster, shaped(Training(z, k, r))) is None
+        return b is not None and _peak_memory(b.pcg, cluster, shaped(Training(z, k, r, s))) is None
 
     fitting: list[tuple[Baseline, Training]] = []
     for tp, dp in degrees:
         counts = [k for k in ks if (batch // k) % dp == 0]
-        for r in modes:
+        for r, count in modes:
             for z in stages:
-                k = _fewest(counts, partial(fits, tp=tp, dp=dp, z=z, r=r))
-                if k is not None:
-                    train = Training(z, k, r)
-                    b = layout(k, tp, dp)
-                    assert b is not None
-                    fitting.append((retrained(b, train), train))
+                k = _fewest(counts, partial(fits, tp=tp, dp=dp, z=z, r=r, s=count or 0))
+                if k is None:
+                    continue
+                b = layout(k, tp, dp)
+                assert b is not None
+                s = count or 0
+                if count is None and r is not Recompute.NONE:    # as few segments as fit
+                    total = len(segments(b.pcg, layout_sources(b.pcg)))
+                    least = _fewest(list(range(1, total)), partial(fits, k, tp, dp, z, r))
+                    s = least or 0
+                train = Training(z, k, r, s)
+                fitting.append((retrained(b, train), train))
     if not fitting:
         return None
     tried = [price_hybrid(b, cluster, shaped(t), mapped=True, dp_mapped=False) for b, t in fitting]
@@ -184,7 +201,7 @@ def attention_rewritten(pcg: PCG, rules: Sequence[Rule]) -> tuple[PCG, tuple[App
 
 def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
                   strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
-                  recompute: Recompute | None = None, **search: Any) -> tuple[SearchResult, int]:
+                  recompute: Mode | None = None, **search: Any) -> tuple[SearchResult, int]:
     """:func:`optimize.optimize` with the step's shape chosen too (see the module
     docstring), and the micro-batches it chose. ``graph_for(k)`` is the graph at the
     micro-batch size of ``k`` micro-batches of the global ``batch``; ``search`` is
@@ -199,14 +216,15 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     if strategy not in SEARCHES and strategy != Strategy.BEST:
         # A configuration a person writes (or a baseline), priced as people train: with a
         # memory-efficient attention (FlashAttention) wherever the model holds the chain.
-        train = Training(zero or 0, micro_batches or 1, recompute or Recompute.NONE)
+        r, count = recompute or (Recompute.NONE, 0)
+        train = Training(zero or 0, micro_batches or 1, r, count or 0)
         k = train.micro_batches
         graph, path = attention_rewritten(graph_for(k), search.get("rules", ()))
         result = optimize(graph, cluster, replace(config, training=train), strategy, **search)
         return replace(result, rewrites=path + tuple(result.rewrites)), k
     stages = ZERO_STAGES if zero is None else (zero,)
     ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
-    modes = tuple(Recompute) if recompute is None else (recompute,)
+    modes = MODES if recompute is None else (recompute,)
     rewritten: dict[int, tuple[PCG, tuple[Applied, ...]]] = {}
 
     def attention_for(k: int) -> PCG:
@@ -223,7 +241,7 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
             if attention_for(ks[0]) is not graph_for(ks[0]):
                 found.append((best_uniform(attention_for, batch, cluster, config, stages, ks, modes), attention_for))
     except OutOfTime:   # the searches plan the plain step with the time left
-        train = Training(stages[0], ks[0], modes[0])
+        train = Training(stages[0], ks[0], modes[0][0], modes[0][1] or 0)
         return optimize(graph_for(ks[0]), cluster, replace(config, training=train), strategy, **search), ks[0]
     found = [(u, g) for u, g in found if u is not None]
     if not found:
@@ -256,10 +274,10 @@ def _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, sea
 
     least = max(stages)     # the stage that needs the least memory
     found: list[tuple[SearchResult, int]] = []
-    for r in modes:
-        k = _fewest(ks, lambda k, r=r: attempt(Training(least, k, r)) is not None)
+    for r, count in modes:
+        k = _fewest(ks, lambda k, r=r, c=count or 0: attempt(Training(least, k, r, c)) is not None)
         if k is not None:
-            res = attempt(Training(least, k, r))
+            res = attempt(Training(least, k, r, count or 0))
             assert res is not None
             found.append((_restaged(res, cluster, config, stages), k))
     if not found:
