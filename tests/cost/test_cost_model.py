@@ -215,13 +215,14 @@ def test_data_parallel_memory_bfloat16(tiny_mlp, dgx8):
 @pytest.mark.parametrize("devices", [2, 3, 4])
 def test_zero_shards_the_optimizer_over_the_replicas(tiny_mlp, dgx8, dtype, kept, sharded, devices):
     """ZeRO-1: each replica keeps the weights and gradients and 1/d of the master and Adam's
-    states (Megatron-LM's distributed optimizer: 8 + 8/d float32, 6 + 12/d mixed)."""
+    states (Megatron-LM's distributed optimizer: 8 + 8/d float32, 6 + 12/d mixed), and the
+    1/d of the gradient it reduce-scatters into (4/d, a communication buffer)."""
     batch = 12
     pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg
     plain = _dp(pcg, dgx8.first(devices), CostConfig(dtype)).report
     zero = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(zero=1))).report
     per_weight = [16 * 32, 32 * 8]
-    saved = sum(w * sharded - -(-w * sharded // devices) for w in per_weight)
+    saved = sum(w * sharded - -(-w * sharded // devices) - -(-w * 4 // devices) for w in per_weight)
     assert [p - z for p, z in zip(plain.memory, zero.memory)] == [saved] * devices
     assert zero.training == Training(zero=1) and plain.training == Training()
     # the same bytes sent: a reduce-scatter and an all-gather of the padded flat buffer
@@ -243,7 +244,8 @@ def test_zero2_shards_the_gradients_and_reduce_scatters_each_micro_batch(tiny_ml
     one = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(1, micro))).report
     two = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(2, micro))).report
     per_weight = [16 * 32, 32 * 8]
-    saved = sum(w * grad - -(-w * grad // devices) for w in per_weight)
+    # (and ZeRO-1's summed shard, a buffer beside the gradient, is the gradient itself)
+    saved = sum(w * grad - -(-w * grad // devices) + -(-w * grad // devices) for w in per_weight)
     assert [a - b for a, b in zip(one.memory, two.memory)] == [saved] * devices
     flat, each = -(-PARAMS // devices), sum(-(-w // devices) for w in per_weight)
     assert [b - a for a, b in zip(one.comm_bytes, two.comm_bytes)] == \

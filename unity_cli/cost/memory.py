@@ -24,7 +24,8 @@ def stored_nodes(pcg: PCG, layout: Sequence[int | None]) -> list[bool]:
             for i, n in pcg]
 
 
-MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "recompute workspace", "inputs and constants")
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "communication buffers", "activations", "recompute workspace",
+                "inputs and constants")
 """What :func:`memory_account` counts a device's bytes under."""
 
 

@@ -120,7 +120,8 @@ class WeightBytes:
     ``float16``) the kernels read a 2-byte copy, the gradient is accumulated in fp32 (as
     Megatron-LM's main grads), and an fp32 master and the states are kept for the update:
     2 + 4 + 4 + 8 = 18 with Adam. ZeRO-1 shards the master and the states: with Adam,
-    ``4 + 4 + 8/d`` (float32) or ``2 + 4 + 12/d`` (mixed) over ``d`` replicas; ZeRO-2 the
+    ``4 + 4 + 8/d`` (float32) or ``2 + 4 + 12/d`` (mixed) over ``d`` replicas, and ``4/d``
+    for the gradient shard it reduce-scatters into (a communication buffer); ZeRO-2 the
     gradient too: ``4 + 12/d`` or ``2 + 16/d``; ZeRO-3 the weight too: ``16/d`` or ``18/d``
     (and the gathered weight where a reader keeps it: ``cost/model.memory_account``).
     """
@@ -138,15 +139,22 @@ class WeightBytes:
     def breakdown(self, numel: int, replicas: int, zero: int) -> dict[str, int]:
         """The bytes a device holds for ``numel`` parameters that ``replicas`` devices keep
         alike, by part: weights (from ZeRO-3 on, this replica's shard), gradients (from
-        ZeRO-2 on, its shard), optimizer (master and states: from ZeRO-1 on, its shard)."""
+        ZeRO-2 on, its shard), optimizer (master and states: from ZeRO-1 on, its shard), and
+        the gradient sync's communication buffers: under ZeRO-1 the summed shard the gradient
+        is reduce-scattered into. (Below ZeRO-2 backward makes the gradient in the sync's flat
+        buffer itself, ``runtime/weights.ParamStore.seeds``, where one piece is the weight's
+        whole region on the device: data and tensor parallelism.)"""
         weight, grad, opt = self.weight * numel, self.grad * numel, (self.master + self.states) * numel
+        buffers = 0
         if zero >= 1:
             opt = shard_elements(opt, replicas)
+        if zero == 1 and replicas > 1:
+            buffers = shard_elements(grad, replicas)
         if zero >= 2:
             grad = shard_elements(grad, replicas)
         if zero >= 3:
             weight = shard_elements(weight, replicas)
-        return {"weights": weight, "gradients": grad, "optimizer": opt}
+        return {"weights": weight, "gradients": grad, "optimizer": opt, "communication buffers": buffers}
 
     def per_device(self, numel: int, replicas: int, zero: int) -> int:
         """:meth:`breakdown`'s parts added up."""

@@ -173,6 +173,8 @@ class Executor:
         if k < 1 or not apply and k > 1:
             raise ValueError(f"a step of {k} micro-batches{'' if apply else ' without an update'}")
         self.loss_scale = 1.0 / k      # the step's loss is the micro-batches' mean
+        if apply:
+            self.params.clear_seeds()
         clock = self.clock
         if clock:
             clock.start()
@@ -199,8 +201,9 @@ class Executor:
         self._inputs, self._target = inputs, target
         self._fed = {}
         self.values: dict[TensorRef, Any] = dict(self._resident)
-        self.grads: dict[TensorRef, Any] = {}
-        self._fresh: set[TensorRef] = set()
+        # weights whose gradient backward makes in the sync's buffer (ParamStore.seeds)
+        self.grads: dict[TensorRef, Any] = dict(self.params.seeds) if apply else {}
+        self._fresh: set[TensorRef] = set(self.grads)
         self.ctx: dict[int, Any] = {}
         self.ctx_keys = {}
         ledger = self.ledger

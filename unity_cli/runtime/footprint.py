@@ -22,6 +22,7 @@ from ..ir.training import OPTIMIZER_STATES, Training
 from .executor import plan_step
 from .ledger import LEDGER_PARTS
 from .loss import LossKind, label_dtype, label_shape
+from .optim import CHUNK
 from .program import LOCAL, Action, Program, StepKind, StepOrder
 from .weights import weight_syncs
 
@@ -44,14 +45,17 @@ def contiguous(dims: Sequence[int], region: Sequence[slice]) -> bool:
 
 
 def planned_memory(p: Program, me: int, training: Training = Training(), optimizer: str = "adam",
-                   bucket_bytes: int = 0, loss: LossKind = LossKind.CROSS_ENTROPY) -> tuple[int, dict[str, int]]:
-    """Rank ``me``'s peak bytes in a training step, and their parts at the peak."""
-    return _Walk(p, me, training, optimizer, bucket_bytes, loss).run()
+                   bucket_bytes: int = 0, loss: LossKind = LossKind.CROSS_ENTROPY,
+                   chunk: int = CHUNK) -> tuple[int, dict[str, int]]:
+    """Rank ``me``'s peak bytes in a training step, and their parts at the peak (``chunk``:
+    the elements an update works on at a time, ``Optimizer.chunk``)."""
+    return _Walk(p, me, training, optimizer, bucket_bytes, loss, chunk).run()
 
 
 class _Walk:
     def __init__(self, p: Program, me: int, training: Training, optimizer: str, bucket_bytes: int,
-                 loss: LossKind):
+                 loss: LossKind, chunk: int):
+        self.chunk = chunk
         self.p, self.me, self.training = p, me, training
         pcg = p.pcg
         self.order = StepOrder.of(p, training.recompute, training.recompute_segments)
@@ -61,6 +65,7 @@ class _Walk:
         self.alias: set[TensorRef] = set()          # weight pieces that are (a slice of) their master
         self.units: dict[int, list[TensorRef]] = {}  # ZeRO-3: weight node -> this rank's pieces of it
         self.unsynced: list[tuple[str, int]] = []    # weights without a bucket: (name, bytes)
+        self.seeded: set[TensorRef] = set()          # gradients made in the sync's buffer
         # ZeRO-2/3: per bucket, when backward has made its gradients, the gradients it takes and
         # the bytes of its flat buffer (held beside them while it is filled and reduce-scattered)
         self.scatters: list[tuple[int, list[TensorRef], int]] = []
@@ -121,6 +126,10 @@ class _Walk:
             if not (zero and q.name in bucketed):
                 updated.append((q.name, size[q.name], dtype[q.name]))
             dims = region_shape(q.master[me], q.shape)
+            if zero < 2 and q.name in bucketed and len(q.pieces[me]) == 1:   # ParamStore.seeds
+                node, region, scale = q.pieces[me][0]
+                if scale == 1 and region_shape(region, dims) == dims:
+                    self.seeded.add(TensorRef(node))
             for node, region, scale in q.pieces[me]:
                 if scale == 1 and contiguous(dims, region):
                     self.alias.add(TensorRef(node))
@@ -130,7 +139,7 @@ class _Walk:
         scratch: dict[object, int] = {}
         for key, n, dt in updated:
             self.static[("opt", key)] = (states * n * dt.itemsize, "optimizer")
-            scratch[dt] = max(scratch.get(dt, 0), n)
+            scratch[dt] = max(scratch.get(dt, 0), min(n, self.chunk))
         for dt, n in scratch.items():
             self.static[("scratch", dt)] = (n * dt.itemsize, "optimizer")
 
@@ -299,7 +308,7 @@ class _Walk:
         held = {**self.static, **self.cut, **self.fed, **self.full, **self.values, **(extra or {})}
         for kept in self.ctx.values():
             held.update(kept)
-        held.update((("grad", r), (b, "gradients")) for r, b in self.grads.items())
+        held.update((("grad", r), (b, "gradients")) for r, b in self.grads.items() if r not in self.seeded)
         total = sum(b for b, _ in held.values())
         if total > self.peak:
             self.peak = total

@@ -137,7 +137,8 @@ class Ledger:
             for key, nbytes, part in entries:
                 held.setdefault(key, (nbytes, part))
         for ref, g in ex.grads.items():
-            held.setdefault(("grad", ref), (g.nbytes, "gradients"))
+            if id(root(g)) not in self._param_roots:     # (a gradient made in the sync's buffer is that buffer)
+                held.setdefault(("grad", ref), (g.nbytes, "gradients"))
         sources = self._source_roots()
         whole = [ex._inputs.get(n) for n in self._inputs] + [ex.constants.get(n) for n in self._constants]
         for a in [*whole, ex._target]:

@@ -44,6 +44,10 @@ class OptimizerConfig:
         return OptimizerConfig(kind, DEFAULT_LR[kind] if lr is None else lr)
 
 
+GPU_CHUNK = 1 << 22
+"""A GPU's chunk: large enough that an update of a big weight is a few dozen launches of
+each of its passes, and its scratch buffer at most 16 MiB in float32."""
+
 CHUNK = 32768
 """Elements a numpy update works through at a time: its passes (Adam makes twelve) then
 run over arrays that stay in the core's cache (five of them, 640 KiB), and only the
@@ -53,9 +57,10 @@ elements took 35.2 ms whole and 22.7 ms in chunks of 32 K (21.8 at 64 K, 24.7 at
 
 class Optimizer:
     """Updates weights in place, keeping per-weight state under the caller's key. Every
-    step works in place through one scratch buffer shared by all weights (as large as
-    the largest), so a step allocates nothing. On CPUs a large weight is updated a chunk
-    at a time (:data:`CHUNK`); the update is elementwise, so the numbers are the same."""
+    step works in place through one scratch buffer shared by all weights, so a step
+    allocates nothing. A large weight is updated a chunk at a time (:data:`CHUNK` on CPUs,
+    :data:`GPU_CHUNK`), so the scratch is at most a chunk; the update is elementwise, so the
+    numbers are the same."""
 
     def __init__(self, config: OptimizerConfig, xp: Any):
         self.config = config
@@ -67,15 +72,23 @@ class Optimizer:
     def begin_step(self) -> None:
         self.t += 1
 
+    @property
+    def chunk(self) -> int:
+        """Elements one pass of an update works on (:data:`CHUNK` on CPUs, :data:`GPU_CHUNK`)."""
+        return CHUNK if self.xp.__name__ == "numpy" else GPU_CHUNK
+
     def _buffer(self, w: Any) -> Any:
+        """The scratch for an update of ``w``: a chunk of it where the update goes a chunk at
+        a time, else all of it (one flat buffer per dtype, grown to the largest)."""
+        n = min(w.size, self.chunk) if w.flags.c_contiguous else w.size
         flat = self._scratch.get(w.dtype)
-        if flat is None or flat.size < w.size:
-            flat = self._scratch[w.dtype] = self.xp.empty(w.size, dtype=w.dtype)
-        return flat[:w.size].reshape(w.shape)
+        if flat is None or flat.size < n:
+            flat = self._scratch[w.dtype] = self.xp.empty(n, dtype=w.dtype)
+        return flat[:w.size].reshape(w.shape) if n == w.size else flat[:n]
 
     def prepare(self, key: str, w: Any) -> list[Any]:
         """The state of weight ``w`` under ``key`` (made, zero, the first time), the scratch
-        buffer grown to it: a trainer makes both before its first step, so every step
+        buffer grown for it: a trainer makes both before its first step, so every step
         holds the same memory (``runtime/ledger.py``)."""
         self._buffer(w)
         if key not in self.state:
@@ -87,17 +100,18 @@ class Optimizer:
         return [a for st in self.state.values() for a in st] + list(self._scratch.values())
 
     def update(self, key: str, w: Any, g: Any) -> None:
-        xp = self.xp
         tmp = self._buffer(w)
         state = self.prepare(key, w)
-        arrays = [w, g, tmp, *state]
-        if xp.__name__ != "numpy" or w.size <= CHUNK or not all(a.flags.c_contiguous for a in arrays):
+        chunk = self.chunk
+        if w.size <= chunk or not all(a.flags.c_contiguous for a in (w, g, *state)):
+            if tmp.size < w.size:    # (a gradient out of order: the scratch of all of it)
+                tmp = self.xp.empty_like(w)
             self._update(w, g, tmp, state)
             return
-        flat = [a.reshape(-1) for a in arrays]
-        for at in range(0, w.size, CHUNK):
-            w_, g_, tmp_, *state_ = (a[at:at + CHUNK] for a in flat)
-            self._update(w_, g_, tmp_, state_)
+        flat = [a.reshape(-1) for a in (w, g, *state)]
+        for at in range(0, w.size, chunk):
+            w_, g_, *state_ = (a[at:at + chunk] for a in flat)
+            self._update(w_, g_, tmp[:w_.size], state_)
 
     def _update(self, w: Any, g: Any, tmp: Any, state: list[Any]) -> None:
         c, xp = self.config, self.xp

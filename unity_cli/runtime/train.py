@@ -453,7 +453,7 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     rss = comm.allgather_obj((job.start_rss, resident()[1]))
     held = comm.allgather_obj((ledger.peak, ledger.parts))
     planned = comm.allgather_obj(planned_memory(job.executor.p, rank, job.plan.training, job.optimizer.kind.value,
-                                                job.params.bucket_bytes, job.loss))
+                                                job.params.bucket_bytes, job.loss, job.params.optimizer.chunk))
     memory = {"measured": [b for b, _ in held], "predicted": [b for b, _ in planned],
               "parts": {"measured": [parts for _, parts in held], "predicted": [parts for _, parts in planned]},
               # the planner's account, which decided what fits (cost/memory.py; for the plan's optimizer)

@@ -118,6 +118,19 @@ class ParamStore:
         self.synced: dict[str, Any] = {}
         self._full: dict[str, Any] = {}   # this step's gradient of each master region
         self.sample: Callable[[], None] | None = None   # the memory ledger's, at a reduce-scatter's fullest
+        # Below ZeRO-2, a weight whose one resident piece is its whole master region has its
+        # gradient made in its slice of the bucket's buffer: backward adds into it (the
+        # executor starts each micro-batch's gradients from these), so no second copy is kept
+        # (as torch DDP's gradient_as_bucket_view)
+        self.seeds: dict[TensorRef, Any] = {}
+        for p in self.plans:
+            slot = self.slots.get(p.name)
+            if slot is not None and len(p.pieces[me]) == 1:
+                node, region, scale = p.pieces[me][0]
+                if scale == 1 and tuple(slot.shape) == region_shape(region, slot.shape):
+                    self.seeds[TensorRef(node)] = slot
+        self._seeded = {p.name for p in self.plans if any(TensorRef(n) in self.seeds for n, _, _ in p.pieces[me])}
+        self._scaled: set[str] = set()    # seeded gradients the fault scale (a test's) was applied to
         for p in self.plans:              # the optimizer's state, made now: every step holds the same
             if p.name in self.master and p.name not in self._sharded:
                 optimizer.prepare(p.name, self.master[p.name])
@@ -170,6 +183,11 @@ class ParamStore:
                 piece = piece * piece.dtype.type(scale)
             out[TensorRef(node)] = self.xp.ascontiguousarray(piece)
         return out
+
+    def clear_seeds(self) -> None:
+        """A step begins: the seeded gradients' slots start from zero."""
+        for slot in self.seeds.values():
+            slot[...] = 0
 
     def _reduce_scatter(self, k: int, grads: dict[TensorRef, Any]) -> None:
         """ZeRO-2/3: bucket ``k``'s gradients in a flat buffer made for it, reduce-scattered,
@@ -230,6 +248,7 @@ class ParamStore:
         self.synced = synced if self.keep_synced else {}
         self._gathered = False
         self._scattered = set()
+        self._scaled = set()
         self.optimizer.begin_step()
         for p in self.plans:
             if p.name not in self._sharded:
@@ -297,6 +316,14 @@ class ParamStore:
         added to what earlier micro-batches of the step left there (``own``: later ones
         will add to it, so a piece is never taken as it is)."""
         me = self.comm.rank
+        if p.name in self._seeded:    # backward made it in its slot already
+            slot = self.slots[p.name]
+            if not own and self.fault_scale != 1 and p.name not in self._scaled:
+                slot *= slot.dtype.type(self.fault_scale)
+                self._scaled.add(p.name)
+            self._full[p.name] = slot
+            self._filled.add(p.name)
+            return
         parts = [(region, grads[TensorRef(node)], scale * self.fault_scale)
                  for node, region, scale in p.pieces[me] if TensorRef(node) in grads]
         if p.name in self._filled:
