@@ -698,9 +698,11 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
                  flat: Sequence[SyncBucket] = ()) -> np.ndarray:
     """Optimizer update: a streaming pass over each device's weights, grads and state, and
     the copy of the gradients each device syncs (``synced``, the sync moves) into their
-    groups' flat buffers. Under ZeRO a device updates its shard of each flat buffer of its
-    groups once (``flat``: the flat sync's buckets), and each weight it keeps without
-    replicas as before."""
+    groups' flat buffers (where backward makes a gradient in that buffer itself,
+    ``ParamStore.seeds``, the pass that zeroes it each step and backward's adding into it
+    stand in that copy's place, priced as it). Under ZeRO a device updates its shard of each
+    flat buffer of its groups once (``flat``: the flat sync's buckets), and each weight it
+    keeps without replicas as before."""
     t = np.zeros(cluster.num_devices)
     copied: dict[int, int] = {}
     for m in synced:

@@ -90,7 +90,8 @@ class SyncCall:
 def sync_calls(bucket: SyncBucket, zero: int) -> tuple[SyncCall, ...]:
     """The calls of one bucket under ZeRO stage ``zero`` (``ir/training.py``): an
     all-reduce in the sync; or a reduce-scatter of the padded flat buffer (in the sync, or
-    from ZeRO-2 on at the end of every micro-batch) and an all-gather of the weights (after
+    from ZeRO-2 on in every micro-batch, once backward has made its gradients) and an
+    all-gather of the weights (after
     the update on the shard, or under ZeRO-3 before each pass that reads the weight)."""
     if zero == 0:
         return (SyncCall(SyncCallKind.ALL_REDUCE, bucket.group, bucket.nbytes),)
