@@ -208,28 +208,42 @@ class Mapper:
         parts = []
         for n in order:
             node = self.pcg.nodes[n]
-            ins = [(local[r.node], r.index) if r.node in local else
-                   f"source {self.pcg.shape(r)} {attrs_key(self.pcg.nodes[r.node].op)}"
+            ins = [(local[r.node], r.index) if r.node in local else self._node_key(r.node, r.index)
                    for r in node.inputs] if n in t.nodes else []
-            layout = self.ctx.layout[n]
-            trainable = layout is not None and getattr(self.pcg.nodes[layout].op, "trainable", False)
-            parts.append(f"{attrs_key(node.op)}|{'/'.join(map(str, node.outputs))}|{ins}|{layout is None}|{trainable}"
-                         f"|{self._role(n, local) if n in t.nodes else ''}")
+            parts.append(f"{self._node_key(n)}|{ins}|{self._role(n, local) if n in t.nodes else ''}")
         parts.append(_tree_shape(t, local))
         sig = (hashlib.sha256("\n".join(parts).encode()).hexdigest(), order)
         self._relevant[k] = sig
         return sig
 
+    def _node_key(self, n: int, source_output: int | None = None) -> str:
+        """What a subproblem's key says of node ``n`` on its own (made once: a string of its
+        attrs and shapes): itself, or (``source_output``) the output of it read from outside."""
+        k = ("node", n, source_output)
+        if k not in self._relevant:
+            node = self.pcg.nodes[n]
+            if source_output is not None:
+                self._relevant[k] = f"source {node.outputs[source_output]} {attrs_key(node.op)}"
+            else:
+                layout = self.ctx.layout[n]
+                trainable = layout is not None and getattr(self.pcg.nodes[layout].op, "trainable", False)
+                self._relevant[k] = (f"{attrs_key(node.op)}|{'/'.join(map(str, node.outputs))}|{layout is None}|"
+                                     f"{trainable}")
+        return self._relevant[k]
+
     def _role(self, n: int, local: Mapping[int, int]) -> str:
         """What else a node's price depends on: its place in a fused pair, being the output
         the loss reads, the gradients that flow through it, the weight sync it carries and
         the fixed views it reads."""
-        st = self.ctx.structure
-        node = self.pcg.nodes[n]
-        grads = [r in st.grads for r in node.inputs] + [st.active(n)]
-        const = [(str(self.pcg.nodes[p].outputs[0]), v) for p, v in sorted(self.constant[n].items())]
-        return (f"{n in st.pairs}|{n in st.second}|{n == self.pcg.outputs[0].node and st.class_axis}|{grads}|"
-                f"{n in st.sync}|{[local.get(p) for p in self.preds[n]]}|{const}|{self.pinned.get(n)}")
+        k = ("role", n)
+        if k not in self._relevant:     # (all but the places of its predecessors: fixed with the Mapper)
+            st = self.ctx.structure
+            node = self.pcg.nodes[n]
+            grads = [r in st.grads for r in node.inputs] + [st.active(n)]
+            const = [(str(self.pcg.nodes[p].outputs[0]), v) for p, v in sorted(self.constant[n].items())]
+            self._relevant[k] = (f"{n in st.pairs}|{n in st.second}|{n == self.pcg.outputs[0].node and st.class_axis}|"
+                                 f"{grads}|{n in st.sync}|{const}|{self.pinned.get(n)}")
+        return f"{self._relevant[k]}|{[local.get(p) for p in self.preds[n]]}"
 
     def solve(self, t: SP, res: Resources, fixed: Mapping[int, MachineView]) -> tuple[float, dict[int, MachineView]]:
         sig, order = self.signature(t)
