@@ -119,6 +119,7 @@ class TimedComm:
         self._comm = comm
         self.seconds = 0.0
         self.sync_seconds = 0.0                  # in a bucketed gradient sync's calls
+        self.in_sync = False                     # set around a ZeRO reduce-scatter made among backward's tasks
         self.sent = ByteCounter()
         self.calls: list[Call] | None = None     # None: no step clock, nothing kept
         self.moves: list[tuple[CallMove, ...]] | None = None
@@ -155,11 +156,11 @@ class TimedComm:
 
     def _timed(self, name: str, call: Any) -> Any:
         """``call`` with its bytes counted and its time added up: a bucketed sync's calls
-        (:data:`_SYNC_CALLS`) to ``sync_seconds`` and keeping no key (a nonblocking call's
-        time is not its transfer's, so no waiting is split off), the others to ``seconds``."""
-        sync = name in _SYNC_CALLS
-
+        (:data:`_SYNC_CALLS`) and a ZeRO reduce-scatter (made while ``in_sync``) to
+        ``sync_seconds`` and keeping no key (no waiting is split off them), the others to
+        ``seconds``."""
         def timed(*args: Any, **kwargs: Any) -> Any:
+            sync = name in _SYNC_CALLS or self.in_sync
             made = call_moves(name, self._comm.rank, self._comm.size, args)
             for kind, group, nbytes, root in made:
                 self.sent.add(kind, nbytes, group, self._comm.rank, root)

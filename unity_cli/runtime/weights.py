@@ -200,13 +200,20 @@ class ParamStore:
             self._fill(self._by_node[w], grads)
         if self.sample:      # the flat buffer beside the gradients it was filled from
             self.sample()
-        if k not in self._scattered:
-            self.comm.reduce_scatter(b.group, flat, shard)
-            self._scattered.add(k)
-        else:
-            part = self.xp.empty_like(shard)
-            self.comm.reduce_scatter(b.group, flat, part)
-            shard += part
+        marked = hasattr(self.comm, "in_sync")    # (its time is the gradient sync's, wherever it falls)
+        if marked:
+            self.comm.in_sync = True
+        try:
+            if k not in self._scattered:
+                self.comm.reduce_scatter(b.group, flat, shard)
+                self._scattered.add(k)
+            else:
+                part = self.xp.empty_like(shard)
+                self.comm.reduce_scatter(b.group, flat, part)
+                shard += part
+        finally:
+            if marked:
+                self.comm.in_sync = False
         me = self.comm.rank
         for w in b.weights:
             p = self._by_node[w]
