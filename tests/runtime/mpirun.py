@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 from click.testing import CliRunner
-from models.catalog import EXPORTED_DIR
+from models.catalog import EXPORTED_DIR, mlp_model
 from onnx import TensorProto, helper, numpy_helper
 
+from unity_cli import zoo
 from unity_cli.cli import cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +75,17 @@ class Plans:
             assert r.exit_code == 0, r.output
             self.cache[key] = out
         return self.cache[key]
+
+
+def small_model(plans: Plans, tmp_path: Path, name: str) -> Path:
+    """A model to train on CPU ranks by name: ``mlp``, a zoo model at its small scale
+    (``llama2-7b``, ``gpt3-175b``, ...), or one of the test models (``plans.model``)."""
+    if name == "mlp":
+        return mlp_model(tmp_path / "mlp.onnx", hidden=24)
+    if name in zoo.MODELS:
+        zoo.write(name, tmp_path / "m.onnx", "small")
+        return tmp_path / "m.onnx"
+    return plans.model(name)
 
 
 def unity_run(plan: Path | str, *args: str, ranks: int | None = 2, timeout: float = 90,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from models.catalog import mlp_model
-from runtime.mpirun import SPECS, run_json, unity_run
+from runtime.mpirun import SPECS, run_json, small_model, unity_run
 from test_training_steps import cpu_spec, optimize
 
 from unity_cli import zoo
@@ -138,19 +138,10 @@ CASES = [("mlp", "tp=1,dp=2,recompute=full", 2, 8),
          ("gpt3-175b", "tp=1,dp=3,zero=3,mb=2,recompute=full", 3, 6)]
 
 
-def _model(plans, tmp_path, name: str):
-    if name == "mlp":
-        return mlp_model(tmp_path / "mlp.onnx", hidden=24)
-    if name in zoo.MODELS:
-        zoo.write(name, tmp_path / "m.onnx", "small")
-        return tmp_path / "m.onnx"
-    return plans.model(name)
-
-
 @pytest.mark.parametrize("name,strategy,ranks,batch", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_recomputing_trains_like_one_process_and_sends_what_it_predicts(plans, tmp_path, name, strategy, ranks,
                                                                        batch):
-    model = _model(plans, tmp_path, name)
+    model = small_model(plans, tmp_path, name)
     spec = cpu_spec(tmp_path, ranks)
     plan = tmp_path / "plan.json"
     optimize(model, spec, plan, batch, "--strategy", strategy)

@@ -7,10 +7,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from models.catalog import mlp_model
+from runtime.mpirun import small_model
 from runtime.test_training_steps import cpu_spec, optimize
 
-from unity_cli import zoo
 from unity_cli.cost.model import simulated_order
 from unity_cli.ir.recompute import Action
 from unity_cli.plan.config import plan_config
@@ -18,15 +17,6 @@ from unity_cli.plan.plan import load_plan
 from unity_cli.runtime.program import StepOrder, build_program
 
 MODELS = ["mlp", "bert_tiny", "convnet_tiny", "llama2-7b", "gpt3-175b"]
-
-
-def _model(plans, tmp_path, name: str):
-    if name == "mlp":
-        return mlp_model(tmp_path / "mlp.onnx", hidden=24)
-    if name in zoo.MODELS:
-        zoo.write(name, tmp_path / "m.onnx", "small")
-        return tmp_path / "m.onnx"
-    return plans.model(name)
 
 
 def _draws(n: int) -> list[tuple[str, int, str]]:
@@ -75,7 +65,7 @@ def _segments(trace) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("name,ranks,strategy", _draws(10), ids=lambda v: str(v))
 def test_the_simulation_walks_the_order_the_ranks_run(plans, tmp_path, name, ranks, strategy):
-    model = _model(plans, tmp_path, name)
+    model = small_model(plans, tmp_path, name)
     plan_path = tmp_path / "plan.json"
     optimize(model, cpu_spec(tmp_path, ranks), plan_path, 2 * ranks, "--strategy", strategy)
     plan = load_plan(plan_path)
@@ -91,7 +81,7 @@ def test_the_simulation_walks_the_order_the_ranks_run(plans, tmp_path, name, ran
 
 def test_a_simulation_that_folds_the_recompute_into_backward_is_caught(plans, tmp_path):
     """The comparison above is not vacuous: the order without its recomputes differs."""
-    model = _model(plans, tmp_path, "llama2-7b")
+    model = small_model(plans, tmp_path, "llama2-7b")
     plan_path = tmp_path / "plan.json"
     optimize(model, cpu_spec(tmp_path, 2), plan_path, 4, "--strategy", "tp=2,dp=1,recompute=full")
     plan = load_plan(plan_path)

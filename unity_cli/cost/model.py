@@ -35,7 +35,7 @@ from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
-from ..ir.recompute import Action, NodeOrder, Recompute, node_order, recomputed, weight_passes
+from ..ir.recompute import Action, NodeOrder, node_order, recomputed, weight_passes
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
 from ..ir.training import OPTIMIZER_STATES, Training, WeightBytes
@@ -298,7 +298,7 @@ def simulated_order(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
     free = [NodeCost(i, 0.0, 0.0, 0.0, 0.0, 0.0) for i in range(len(pcg))]
     trace: list[tuple[Action, int]] = []
-    _simulate(pcg, devs, free, ctx.layout, cluster.num_devices, order=(ctx.order, free), trace=trace)
+    _simulate(pcg, devs, free, ctx.layout, cluster.num_devices, (ctx.order, free), trace=trace)
     return trace
 
 
@@ -321,7 +321,8 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     again = {i for seg in ctx.recomputed for i in seg}
     # A recomputed node's forward (its compute and its moves) runs again in backward, where
     # the step's order recomputes it (ir/recompute.py): the simulation prices it there.
-    costs = [c for c, _ in priced]
+    plain = [c for c, _ in priced]
+    costs = list(plain)
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
     flat = sync_buckets(pcg, weights, 0, train.zero)
     gathers = _gathers(ctx, flat)
@@ -347,8 +348,8 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     synced = [m for _, ms in priced for m in ms if m.phase == Phase.SYNC]
     # The micro-batches before the last run forward and backward alone; the last one's
     # backward is where the sync's buckets may start.
-    order = (ctx.order, [c for c, _ in priced])
-    before = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), order=order) \
+    order = (ctx.order, plain)
+    before = _simulate(pcg, devs, costs, layout, cluster.num_devices, order, (out_devs, loss)) \
         if train.micro_batches > 1 else []
     span = max((e.end for e in before), default=0.0)
     if before and train.zero >= 2:      # ZeRO-2: each ends with its reduce-scatters
@@ -360,7 +361,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         if tuple(syncs) in tried:     # a larger size that cuts the same buckets: the same step
             continue
         tried.add(tuple(syncs))
-        events = _simulate(pcg, devs, costs, layout, cluster.num_devices, (out_devs, loss), syncs, order)
+        events = _simulate(pcg, devs, costs, layout, cluster.num_devices, order, (out_devs, loss), syncs)
         update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else (), flat)
         end = max((e.end for e in events), default=0.0) + (train.micro_batches - 1) * span
         finish, gathers = _after_update(ctx, flat, end + update)
@@ -570,13 +571,12 @@ def _bucket_syncs(ctx: CostContext, weights: Sequence[WeightSync], bucket_bytes:
 
 
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
-              layout: Sequence[int | None], num_devices: int,
-              loss: tuple[tuple[int, ...], float] = ((), 0.0),
-              syncs: Sequence[SyncClass] = (), order: tuple[NodeOrder, Sequence[NodeCost]] | None = None,
+              layout: Sequence[int | None], num_devices: int, order: tuple[NodeOrder, Sequence[NodeCost]],
+              loss: tuple[tuple[int, ...], float] = ((), 0.0), syncs: Sequence[SyncClass] = (),
               trace: list[tuple[Action, int]] | None = None) -> list[Event]:
     """List scheduling of the step's order (``order``: the :class:`~unity_cli.ir.recompute.NodeOrder`
-    and each node's cost before ZeRO-3's gathers, which a recompute pays again; default: no
-    recomputation), each action appended to ``trace`` as it is simulated: forward in topological
+    and each node's cost before ZeRO-3's gathers, which a recompute pays again), each action
+    appended to ``trace`` as it is simulated: forward in topological
     order, the loss on the output's devices, backward in reverse, a segment's recomputes
     before its backward, each node waiting for its inputs (forward, recompute) or its consumers'
     gradients (backward) and for its devices; and the gradient all-reduces ``syncs``: a
@@ -607,7 +607,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         free_compute[ix] = np.maximum(free_compute[ix], t)
         return t
 
-    nodes, plain = order if order is not None else (node_order(pcg, layout, frozenset(), Recompute.NONE), costs)
+    nodes, plain = order
     fwd_end = 0.0
     grad_ready = [0.0] * len(pcg)
     again: dict[int, float] = {}                 # a recomputed node: when its recompute ends

@@ -37,6 +37,10 @@ def mpi() -> Any:
 class Comm(ABC):
     """What the executor needs from the ranks of a job (see the module docstring)."""
 
+    in_sync = False
+    """Set while the gradient sync makes a call among backward's tasks (``TimedComm`` counts its
+    time as the sync's; a plain communicator ignores it)."""
+
     def __init__(self, world: Any):
         self.world = world                 # an mpi4py communicator (control plane)
         self.rank: int = world.Get_rank()

@@ -184,12 +184,11 @@ class Executor:
         if apply:
             self.params.update(self.grads)
             self._resident = self.params.residents()
-            self.grads = {}
-            if self.ledger:
-                self.ledger.sample()
         else:
             self.pending = self.grads    # --check's one-process run: the gradients, weights untouched
         self.grads = {}
+        if apply and self.ledger:
+            self.ledger.sample()
         if clock:
             clock.lap("optimizer", "grad_sync")
         return total / k

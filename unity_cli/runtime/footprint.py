@@ -20,11 +20,11 @@ from ..ir.schedule import region_shape
 from ..ir.shapes import TensorShape
 from ..ir.training import OPTIMIZER_STATES, Training
 from .executor import plan_step
-from .ledger import LEDGER_PARTS
+from .ledger import Peak
 from .loss import LossKind, label_dtype, label_shape
 from .optim import CHUNK
 from .program import LOCAL, Action, Program, StepKind, StepOrder
-from .weights import weight_syncs
+from .weights import seed_piece, weight_syncs
 
 Entry = tuple[int, str]          # bytes, part
 
@@ -78,7 +78,7 @@ class _Walk:
         labels = math.prod(label_shape(loss, out.sizes)) * label_dtype(loss).itemsize
         self.static[("target",)] = (labels, "inputs and constants")
         self.cut: dict[tuple, Entry] = {}             # constants' pieces, cut once and kept
-        self.peak, self.parts = -1, dict.fromkeys(LEDGER_PARTS, 0)
+        self.peak = Peak()
 
     def _bytes(self, ref: TensorRef) -> int:
         s = self.p.pcg.shape(ref)
@@ -126,10 +126,8 @@ class _Walk:
             if not (zero and q.name in bucketed):
                 updated.append((q.name, size[q.name], dtype[q.name]))
             dims = region_shape(q.master[me], q.shape)
-            if zero < 2 and q.name in bucketed and len(q.pieces[me]) == 1:   # ParamStore.seeds
-                node, region, scale = q.pieces[me][0]
-                if scale == 1 and region_shape(region, dims) == dims:
-                    self.seeded.add(TensorRef(node))
+            if zero < 2 and q.name in bucketed and (seed := seed_piece(q, me)) is not None:   # ParamStore.seeds
+                self.seeded.add(seed)
             for node, region, scale in q.pieces[me]:
                 if scale == 1 and contiguous(dims, region):
                     self.alias.add(TensorRef(node))
@@ -156,7 +154,7 @@ class _Walk:
                 self._sample()
         self.full, self.grads, self.values = {}, {}, {}      # after the update
         self._sample()
-        return self.peak, self.parts
+        return self.peak.peak, self.peak.parts
 
     def _micro_batch(self) -> None:
         order = self.order
@@ -309,9 +307,4 @@ class _Walk:
         for kept in self.ctx.values():
             held.update(kept)
         held.update((("grad", r), (b, "gradients")) for r, b in self.grads.items() if r not in self.seeded)
-        total = sum(b for b, _ in held.values())
-        if total > self.peak:
-            self.peak = total
-            self.parts = dict.fromkeys(LEDGER_PARTS, 0)
-            for b, part in held.values():
-                self.parts[part] += b
+        self.peak.see(held)

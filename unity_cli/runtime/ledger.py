@@ -76,14 +76,30 @@ Held = dict[tuple, tuple[int, str]]
 """What is held at one moment: per tensor (a key naming it once), its bytes and part."""
 
 
-class Ledger:
+class Peak:
+    """The most bytes held at any of the moments :meth:`see` is shown, and their parts then:
+    what the measurement (:class:`Ledger`) and the prediction (``footprint.py``) both keep."""
+
+    def __init__(self) -> None:
+        self.peak = -1
+        self.parts: dict[str, int] = dict.fromkeys(LEDGER_PARTS, 0)
+
+    def see(self, held: Held) -> None:
+        total = sum(nbytes for nbytes, _ in held.values())
+        if total > self.peak:
+            self.peak = total
+            self.parts = dict.fromkeys(LEDGER_PARTS, 0)
+            for nbytes, part in held.values():
+                self.parts[part] += nbytes
+
+
+class Ledger(Peak):
     """Measures what one rank's executor and weights hold (the module docstring): each
     :meth:`sample` adds up the arrays alive then; ``peak`` and ``parts`` are of the largest."""
 
     def __init__(self, ex: Any):
+        super().__init__()
         self.ex = ex
-        self.peak = -1
-        self.parts: dict[str, int] = dict.fromkeys(LEDGER_PARTS, 0)
         p = ex.p
         self._weights = {i for i, s in enumerate(p.layout) if s is not None and _trainable(p.pcg.nodes[s])}
         self._inputs = [n.name for _, n in p.pcg if n.kind == "Input"]
@@ -118,10 +134,14 @@ class Ledger:
         out += [(("root", k), nbytes, "activations") for k, nbytes in extra.items()]
         return out
 
-    def _source_roots(self) -> set[int]:
+    def _wholes(self) -> list[Any]:
+        """The micro-batch's inputs and the graph's constants, whole, as the executor holds them."""
         ex = self.ex
-        whole = [ex._inputs.get(n) for n in self._inputs] + [ex.constants.get(n) for n in self._constants]
-        return {id(root(a)) for a in whole if a is not None}
+        return [a for a in [ex._inputs.get(n) for n in self._inputs] + [ex.constants.get(n) for n in self._constants]
+                if a is not None]
+
+    def _source_roots(self) -> set[int]:
+        return {id(root(a)) for a in self._wholes()}
 
     def sample(self) -> None:
         ex = self.ex
@@ -139,22 +159,16 @@ class Ledger:
         for ref, g in ex.grads.items():
             if id(root(g)) not in self._param_roots:     # (a gradient made in the sync's buffer is that buffer)
                 held.setdefault(("grad", ref), (g.nbytes, "gradients"))
-        sources = self._source_roots()
-        whole = [ex._inputs.get(n) for n in self._inputs] + [ex.constants.get(n) for n in self._constants]
-        for a in [*whole, ex._target]:
-            if a is not None:
-                held.setdefault(("source", id(a)), (a.nbytes, "inputs and constants"))
+        whole = self._wholes()
+        sources = {id(root(a)) for a in whole}
+        for a in [*whole, *([] if ex._target is None else [ex._target])]:
+            held.setdefault(("source", id(a)), (a.nbytes, "inputs and constants"))
         for cache in (ex._cut, ex._fed):
             for k, piece in cache.items():
                 r = root(piece)
                 if isinstance(k, tuple) and id(r) not in sources:
                     held.setdefault(("root", id(r)), (r.nbytes, "inputs and constants"))
-        total = sum(nbytes for nbytes, _ in held.values())
-        if total > self.peak:
-            self.peak = total
-            self.parts = dict.fromkeys(LEDGER_PARTS, 0)
-            for nbytes, part in held.values():
-                self.parts[part] += nbytes
+        self.see(held)
 
 
 def _trainable(n: Any) -> bool:

@@ -90,8 +90,8 @@ class Optimizer:
         """The state of weight ``w`` under ``key`` (made, zero, the first time), the scratch
         buffer grown for it: a trainer makes both before its first step, so every step
         holds the same memory (``runtime/ledger.py``)."""
-        self._buffer(w)
         if key not in self.state:
+            self._buffer(w)
             self.state[key] = [self.xp.zeros_like(w) for _ in range(OPTIMIZER_STATES[self.config.kind.value])]
         return self.state[key]
 
@@ -100,8 +100,8 @@ class Optimizer:
         return [a for st in self.state.values() for a in st] + list(self._scratch.values())
 
     def update(self, key: str, w: Any, g: Any) -> None:
-        tmp = self._buffer(w)
         state = self.prepare(key, w)
+        tmp = self._buffer(w)
         chunk = self.chunk
         if w.size <= chunk or not all(a.flags.c_contiguous for a in (w, g, *state)):
             if tmp.size < w.size:    # (a gradient out of order: the scratch of all of it)

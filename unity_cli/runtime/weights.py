@@ -47,6 +47,17 @@ def weight_syncs(program: Program) -> list[WeightSync]:
     return out
 
 
+def seed_piece(p: ParamPlan, me: int) -> TensorRef | None:
+    """The resident piece of weight ``p`` on rank ``me`` whose gradient backward can make in
+    the sync's buffer itself (``ParamStore.seeds``): the only one, unscaled, the whole master
+    region."""
+    if len(p.pieces[me]) != 1:
+        return None
+    node, region, scale = p.pieces[me][0]
+    dims = region_shape(p.master[me], p.shape)
+    return TensorRef(node) if scale == 1 and region_shape(region, dims) == dims else None
+
+
 def to_host(a: Any) -> np.ndarray:
     """A numpy copy of a numpy or cupy array."""
     return a.get() if hasattr(a, "get") else np.asarray(a)
@@ -123,13 +134,11 @@ class ParamStore:
         # executor starts each micro-batch's gradients from these), so no second copy is kept
         # (as torch DDP's gradient_as_bucket_view)
         self.seeds: dict[TensorRef, Any] = {}
+        self._seeded: set[str] = set()
         for p in self.plans:
-            slot = self.slots.get(p.name)
-            if slot is not None and len(p.pieces[me]) == 1:
-                node, region, scale = p.pieces[me][0]
-                if scale == 1 and tuple(slot.shape) == region_shape(region, slot.shape):
-                    self.seeds[TensorRef(node)] = slot
-        self._seeded = {p.name for p in self.plans if any(TensorRef(n) in self.seeds for n, _, _ in p.pieces[me])}
+            if p.name in self.slots and (seed := seed_piece(p, me)) is not None:
+                self.seeds[seed] = self.slots[p.name]
+                self._seeded.add(p.name)
         self._scaled: set[str] = set()    # seeded gradients the fault scale (a test's) was applied to
         for p in self.plans:              # the optimizer's state, made now: every step holds the same
             if p.name in self.master and p.name not in self._sharded:
@@ -200,9 +209,7 @@ class ParamStore:
             self._fill(self._by_node[w], grads)
         if self.sample:      # the flat buffer beside the gradients it was filled from
             self.sample()
-        marked = hasattr(self.comm, "in_sync")    # (its time is the gradient sync's, wherever it falls)
-        if marked:
-            self.comm.in_sync = True
+        self.comm.in_sync = True    # (its time is the gradient sync's, wherever it falls)
         try:
             if k not in self._scattered:
                 self.comm.reduce_scatter(b.group, flat, shard)
@@ -212,8 +219,7 @@ class ParamStore:
                 self.comm.reduce_scatter(b.group, flat, part)
                 shard += part
         finally:
-            if marked:
-                self.comm.in_sync = False
+            self.comm.in_sync = False
         me = self.comm.rank
         for w in b.weights:
             p = self._by_node[w]
