@@ -112,8 +112,9 @@ def segments(pcg: PCG, layout: Sequence[int | None]) -> tuple[tuple[int, ...], .
 
 
 def recomputed(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRef],
-               mode: Recompute, limit: int = 0) -> tuple[tuple[int, ...], ...]:
-    """Per segment (:func:`segments`, in order), the nodes backward recomputes: under
+               mode: Recompute, limit: int = 0, segs: Sequence[Sequence[int]] | None = None
+               ) -> tuple[tuple[int, ...], ...]:
+    """Per segment (:func:`segments`, in order; ``segs``: already made), the nodes backward recomputes: under
     ``full`` those whose gradient flows, but the graph's outputs; under ``selective`` those
     of them that read no trainable weight; none under ``none``. With ``limit``, only the
     first ``limit`` segments recompute (Megatron-LM's ``--recompute-num-layers``): the step
@@ -125,7 +126,7 @@ def recomputed(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRe
     return tuple(tuple(i for i in seg if i not in outputs and
                        any(TensorRef(i, k) in grads for k in range(len(pcg.nodes[i].outputs))) and
                        not (selective and reads_weight(pcg, i, layout))) if not limit or s < limit else ()
-                 for s, seg in enumerate(segments(pcg, layout)))
+                 for s, seg in enumerate(segments(pcg, layout) if segs is None else segs))
 
 
 def weight_passes(pcg: PCG, layout: Sequence[int | None], again: Sequence[Sequence[int]]

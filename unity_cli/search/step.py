@@ -3,12 +3,11 @@
 :func:`optimize.optimize` plans one graph at one step shape (``ir/training.py``).
 :func:`optimize_step` chooses the shape too, in two moves:
 
-1. **The best uniform configuration** (:func:`best_uniform`): every configuration a person
+1. **The best uniform configuration** (``search/uniform.py``): every configuration a person
    can write with ``--strategy tp=T,dp=D,zero=Z,mb=K,recompute=R``, each at the fewest
    micro-batches with which it fits in device memory, priced by the same model at its best
-   placement (``optimize.price_hybrid``). Memory is a linear count and falls as micro-batches
-   grow, so the fewest is a bisection over the divisors of the batch; only what fits is
-   simulated.
+   placement (``optimize.price_hybrid``); on a graph of repeated blocks, laid out and
+   priced on fewer of them first.
 2. **One search** at that configuration's shape, with the configuration as the ``hybrid``
    row, which the searches start from and the chosen plan is held to: unity's plan is never
    slower than the best configuration a person could write, priced by the same model. The
@@ -30,153 +29,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import replace
 from typing import Any
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, estimate
-from ..deadline import OutOfTime, ceiling, check
-from ..errors import InfeasibleError, UnityError, UsageError
+from ..deadline import OutOfTime, ceiling
+from ..errors import InfeasibleError, UsageError
 from ..ir.pcg import PCG
-from ..ir.recompute import Recompute, segments
-from ..ir.schedule import layout_sources
+from ..ir.recompute import Recompute
 from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import validate
 from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
-from .baselines import Baseline, Strategy, hybrid, hybrid_degrees, retrained
+from .baselines import Strategy
 from .joint import Applied, faster, rank
-from .optimize import (
-    HYBRID,
-    SEARCHES,
-    Candidate,
-    SearchResult,
-    _better,
-    _peak_memory,
-    evaluate,
-    optimize,
-    price_hybrid,
-)
+from .optimize import SEARCHES, Candidate, SearchResult, optimize
+from .uniform import MODES, Mode, _fewest, best_uniform
 
-MAPPED_WITHIN = 1.5
-"""The machine-mapping DP lays out each uniform configuration priced within this factor of
-the fastest on its better grid (``optimize.price_hybrid``). Its layouts have been measured
-to gain at most 1.36x over the better grid (ZeRO-3 hybrids of the small zoo decoders on 16
-and 32 GPUs), so one further off is not expected to win; the DP costs what several pricings
-do on a large graph, so laying out every configuration would cost more than the rest of
-the search."""
-
+__all__ = ["MODES", "Mode", "attention_rewritten", "best_uniform", "optimize_step"]
 
 UNIFORM_SHARE = 0.25
 """Under a time ceiling (``--budget``), the share of it the best uniform configuration may
 take; past it the searches plan the plain step (one micro-batch, nothing recomputed)."""
-
-
-@dataclass(frozen=True)
-class Uniform:
-    """The best uniform configuration: its row (named ``hybrid``), its step shape, and every
-    configuration priced beside it."""
-
-    row: Candidate
-    training: Training
-    tried: tuple[Candidate, ...]
-
-
-def _fewest(ks: Sequence[int], fits: Callable[[int], bool]) -> int | None:
-    """The fewest micro-batches of ``ks`` (ascending) with which ``fits`` holds, given that
-    it holds for every count above one that does; None if not even the most fit."""
-    if ks and fits(ks[0]):
-        return ks[0]
-    if len(ks) < 2 or not fits(ks[-1]):
-        return None
-    lo, hi = -1, len(ks) - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(ks[mid]) else (mid, hi)
-    return ks[hi]
-
-
-Mode = tuple[Recompute, int | None]
-"""A recomputation and the count of segments it recomputes (0: every one; None: the fewest
-with which the step fits, searched)."""
-
-MODES: tuple[Mode, ...] = ((Recompute.NONE, 0), (Recompute.SELECTIVE, 0), (Recompute.FULL, None))
-"""What the search tries: nothing recomputed, selective, and full of as few segments as fit."""
-
-
-def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
-                 stages: Sequence[int] = ZERO_STAGES, ks: Sequence[int] | None = None,
-                 modes: Sequence[Mode] = MODES) -> Uniform | None:
-    """The fastest ``tp=T,dp=D,zero=Z,mb=K,recompute=R[:S]`` that fits (None: none does): every
-    factorization ``T*D`` of the device count, ZeRO stage of ``stages`` and recomputation of
-    ``modes``, each at the fewest micro-batches of ``ks`` (default: every divisor of the
-    global ``batch``) whose micro-batch ``D`` divides, and there (where ``modes`` leaves the
-    count of segments to the search) recomputing the fewest segments with which it still
-    fits. Each that fits is priced at its better
-    grid (``price_hybrid``), and those within :data:`MAPPED_WITHIN` of the fastest are laid
-    out by the machine-mapping DP too.
-    ``graph_for(k)`` is the graph at the micro-batch size of ``k`` micro-batches."""
-    n = cluster.num_devices
-    ks = sorted(ks) if ks is not None else [d for d in range(1, batch + 1) if batch % d == 0]
-    degrees = sorted({td for k in ks for td in hybrid_degrees(n, batch // k)})
-    built: dict[tuple[int, int, int], Baseline | None] = {}
-
-    def layout(k: int, tp: int, dp: int) -> Baseline | None:
-        """The hybrid at ``k`` micro-batches (None: a model whose exported shapes do not
-        follow that micro-batch, or a hybrid it cannot take)."""
-        if (k, tp, dp) not in built:
-            check()
-            try:
-                built[k, tp, dp] = hybrid(graph_for(k), tp, dp)
-            except UnityError:
-                built[k, tp, dp] = None
-        return built[k, tp, dp]
-
-    def shaped(train: Training) -> CostConfig:
-        return replace(config, training=train)
-
-    def fits(k: int, tp: int, dp: int, z: int, r: Recompute, s: int = 0) -> bool:
-        b = layout(k, tp, dp)
-        return b is not None and _peak_memory(b.pcg, cluster, shaped(Training(z, k, r, s))) is None
-
-    fitting: list[tuple[Baseline, Training]] = []
-    for tp, dp in degrees:
-        counts = [k for k in ks if (batch // k) % dp == 0]
-        for r, count in modes:
-            for z in stages:
-                k = _fewest(counts, partial(fits, tp=tp, dp=dp, z=z, r=r, s=count or 0))
-                if k is None:
-                    continue
-                b = layout(k, tp, dp)
-                assert b is not None
-                s = count or 0
-                if count is None and r is not Recompute.NONE:    # as few segments as fit
-                    total = len(segments(b.pcg, layout_sources(b.pcg)))
-                    least = _fewest(list(range(1, total)), partial(fits, k, tp, dp, z, r))
-                    s = least or 0
-                train = Training(z, k, r, s)
-                fitting.append((retrained(b, train), train))
-    if not fitting:
-        return None
-    tried = [price_hybrid(b, cluster, shaped(t), mapped=True, dp_mapped=False) for b, t in fitting]
-    order = sorted(range(len(tried)), key=lambda i: rank(tried[i].report))
-    fastest = tried[order[0]].report.step_time
-    for i in order:     # the machine-mapping DP lays out those that may win by it
-        if tried[i].report.step_time > fastest * MAPPED_WITHIN:
-            break
-        laid = evaluate(tried[i].baseline, cluster, shaped(fitting[i][1]), None, None,
-                        (tried[i].views, tried[i].report))
-        if _better(laid.report, tried[i].report):
-            tried[i] = replace(laid, baseline=tried[i].baseline)
-            fastest = min(fastest, laid.report.step_time)
-    at = min(range(len(tried)), key=lambda i: rank(tried[i].report))
-    won, train = tried[at], fitting[at][1]
-    b = won.baseline
-    others = (f"the fastest of {len(tried)} uniform configurations that fit (tp x dp = {n}, each ZeRO stage and "
-              "recomputation at its fewest micro-batches)")
-    return Uniform(replace(won, baseline=replace(b, name=HYBRID, description=f"{b.description}; {others}")),
-                   train, tuple(tried))
 
 
 def attention_rewritten(pcg: PCG, rules: Sequence[Rule]) -> tuple[PCG, tuple[Applied, ...]]:

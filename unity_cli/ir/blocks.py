@@ -1,0 +1,169 @@
+"""Repeated blocks: a run of identical consecutive blocks (a decoder's layers), found by
+structure, and the same graph with fewer of them.
+
+A graph is cut into segments (``ir/recompute.segments``: in a transformer, half-blocks).
+Each segment has a **key**: its operators in order, each with its attributes, its output
+shapes and what it reads, where an input is said relative to the reader (an operator
+``d`` segments back at position ``y`` in its segment; a weight or constant only this
+segment reads, by its own structure) or, when several segments read it (a mask, a rotary
+table, a tied embedding), as that one node. Two segments with equal keys compute the same
+thing on different weights. A **run** is the longest stretch of blocks of ``period``
+segments, each block's keys equal to the next one's (:func:`find_run`).
+
+:func:`shortened` keeps the run's first ``keep`` blocks and drops the rest: what read the
+last block reads the last kept one. A step of the shortened graph prices as the whole one
+does but for the dropped blocks, each of which would cost what a kept block costs; the
+searches use it to price many configurations cheaply (``search/step.py``), and price what
+they choose on the whole graph.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .opspec import attrs_key
+from .pcg import PCG, GraphBuilder, TensorRef
+from .recompute import activation_nodes, segments
+from .schedule import layout_sources
+
+MIN_BLOCKS = 4
+"""The fewest blocks a run has: fewer save too little to be worth the shortening."""
+
+MAX_PERIOD = 8
+"""The most segments a block of a run has."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """``count`` blocks of ``period`` segments each, the first at segment ``start``."""
+
+    start: int
+    period: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        """The segment after the run's last."""
+        return self.start + self.period * self.count
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A graph's segments (``ir/recompute.segments``), their keys and its run (None: none)."""
+
+    segments: tuple[tuple[int, ...], ...]
+    keys: tuple[tuple, ...]
+    run: Run | None
+
+
+def blocks(pcg: PCG, layout: Sequence[int | None] | None = None) -> Blocks:
+    """The segments of ``pcg`` (``layout``: ``layout_sources(pcg)``), their keys and run."""
+    layout = layout_sources(pcg) if layout is None else layout
+    segs = segments(pcg, layout)
+    keys = segment_keys(pcg, layout, segs)
+    return Blocks(segs, keys, find_run(keys))
+
+
+def segment_keys(pcg: PCG, layout: Sequence[int | None], segs: Sequence[Sequence[int]]) -> tuple[tuple, ...]:
+    """Each segment's key (the module docstring)."""
+    seg_of: dict[int, int] = {}
+    pos: dict[int, int] = {}
+    for s, seg in enumerate(segs):
+        for y, i in enumerate(seg):
+            seg_of[i], pos[i] = s, y
+    acts = set(activation_nodes(pcg, layout))
+    # the segments that read each node (through layouts, for a source)
+    readers: list[set[int]] = [set() for _ in pcg.nodes]
+    for i in range(len(pcg) - 1, -1, -1):
+        for u, _ in pcg.consumers[i]:
+            readers[i] |= {seg_of[u]} if u in acts else readers[u]
+    local: dict[int, tuple] = {}
+
+    def own(u: int) -> tuple:
+        """A source or layout node's structure (its inputs' too), not its name."""
+        if u not in local:
+            n = pcg.nodes[u]
+            local[u] = (attrs_key(n.op), tuple(map(str, n.outputs)), tuple((own(r.node), r.index) for r in n.inputs))
+        return local[u]
+
+    keys = []
+    for s, seg in enumerate(segs):
+        key = []
+        for i in seg:
+            n = pcg.nodes[i]
+            ins = []
+            for r in n.inputs:
+                u = r.node
+                shared = len(readers[u] - {seg_of.get(u)}) > 1
+                if shared:
+                    ins.append(("node", u, r.index))
+                elif u in acts:
+                    ins.append(("back", s - seg_of[u], pos[u], r.index))
+                else:
+                    ins.append(("own", own(u), r.index))
+            key.append((attrs_key(n.op), tuple(map(str, n.outputs)), tuple(ins)))
+        keys.append(tuple(key))
+    return tuple(keys)
+
+
+def find_run(keys: Sequence[tuple], least: int = MIN_BLOCKS) -> Run | None:
+    """The run covering the most segments (the shorter period, then the earlier, on a tie)
+    of at least ``least`` blocks; None if there is none."""
+    best: Run | None = None
+    for p in range(1, MAX_PERIOD + 1):
+        s = 0
+        while s + p < len(keys):
+            if keys[s] != keys[s + p]:
+                s += 1
+                continue
+            e = s
+            while e + p < len(keys) and keys[e] == keys[e + p]:
+                e += 1
+            count = (e - s) // p + 1           # segments s .. e + p - 1, whole blocks of p
+            if count >= least and (best is None or count * p > best.count * best.period):
+                best = Run(s, p, count)
+            s = e + 1
+    return best
+
+
+def shortened(pcg: PCG, found: Blocks, keep: int) -> PCG:
+    """``pcg`` with only the first ``keep`` blocks of its run (``found.run``, at least one
+    kept): each dropped block's nodes, the weights and constants only they read, gone, and
+    what read a dropped node reading its like in the last kept block instead."""
+    run = found.run
+    assert run is not None and 1 <= keep <= run.count
+    if keep == run.count:
+        return pcg
+    layout = layout_sources(pcg)
+    acts = set(activation_nodes(pcg, layout))
+    shift = (run.count - keep) * run.period
+    first_dropped = run.start + keep * run.period
+    where: dict[int, tuple[int, int]] = {}
+    for s, seg in enumerate(found.segments):
+        for y, i in enumerate(seg):
+            where[i] = (s, y)
+    dropped = {i for i, (s, _) in where.items() if first_dropped <= s < run.end}
+    # a source or layout goes with its readers, if every one of them goes
+    for i in range(len(pcg) - 1, -1, -1):
+        users = pcg.consumers[i]
+        if i not in acts and users and all(u in dropped for u, _ in users):
+            dropped.add(i)
+
+    def like(i: int) -> int:
+        s, y = where[i]
+        if s - shift < run.start:
+            raise ValueError(f"node {i} ({pcg.nodes[i].name or pcg.nodes[i].kind}) is read past the run's last "
+                             "block: it has no like in a kept one")
+        return found.segments[s - shift][y]
+
+    b = GraphBuilder()
+    new: dict[int, int] = {}
+
+    def ref(r: TensorRef) -> TensorRef:
+        return TensorRef(new[like(r.node) if r.node in dropped else r.node], r.index)
+
+    for i, n in pcg:
+        if i in dropped:
+            continue
+        new[i] = b.add(n.op, [ref(r) for r in n.inputs], n.name, outputs=n.outputs)[0].node
+    return b.build(ref(r) for r in pcg.outputs)

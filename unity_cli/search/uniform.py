@@ -1,0 +1,283 @@
+"""The best uniform configuration: every ``tp=T,dp=D,zero=Z,mb=K,recompute=R[:S]`` a person
+can write, each at the fewest micro-batches with which it fits, priced by the same model at
+its best placement (``optimize.price_hybrid``); the fastest is the row the searches start
+from and are held to (``search/step.py``).
+
+Memory is a linear count (``cost/memory.MemoryTable``): per layout, ZeRO stage and
+recomputation one table gives the bytes at every count of segments recomputed, so the
+fewest segments that fit are read off it, and the fewest micro-batches are a bisection over
+the divisors of the batch. Only what fits is simulated.
+
+**Repeated blocks.** Where the graph is a run of identical blocks (``ir/blocks.py``: a
+decoder's layers), each configuration is laid out and counted on the graph shortened to
+:data:`KEPT` of its blocks: the table of the shorter is the whole graph's once the last
+kept block's rows are repeated for the dropped ones, exactly, and the step time is
+extrapolated from two depths, one block apart (a block costs what the block before it
+does). The :data:`WHOLE` fastest by that price are then priced on the whole graph, and
+only those are rows; the machine-mapping DP lays out the fastest. On a decoder of 80
+layers this prices some fifty times fewer operators."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+
+import numpy as np
+
+from ..cluster.spec import ClusterSpec
+from ..cost.memory import MemoryTable, memory_table
+from ..cost.model import CostConfig, estimate
+from ..deadline import check
+from ..errors import UnityError
+from ..ir.blocks import Blocks, blocks, find_run, segment_keys, shortened
+from ..ir.pcg import PCG
+from ..ir.recompute import Recompute, segments
+from ..ir.schedule import layout_sources
+from ..ir.training import ZERO_STAGES, Training
+from .baselines import Baseline, hybrid, hybrid_degrees, retrained
+from .joint import rank
+from .optimize import HYBRID, Candidate, _better, evaluate, price_hybrid
+from .views import default_views, transposed_views
+
+MAPPED_WITHIN = 1.5
+"""The machine-mapping DP lays out each uniform configuration priced within this factor of
+the fastest on its better grid (``optimize.price_hybrid``). Its layouts have been measured
+to gain at most 1.36x over the better grid (ZeRO-3 hybrids of the small zoo decoders on 16
+and 32 GPUs), so one further off is not expected to win; the DP costs what several pricings
+do on a large graph, so laying out every configuration would cost more than the rest of
+the search."""
+
+KEPT = (2, 3)
+"""The depths (blocks of the run kept) a graph of repeated blocks is priced at: the table
+repeats the last block of the first, and the step time grows by the difference of the two
+per dropped block. Two, not one: the first block of a run can differ in cost from the next
+(what it reads comes from outside the run)."""
+
+WHOLE = 3
+"""Where the graph was shortened, how many of the fastest configurations are priced on the
+whole graph (each at its better grid); the fastest of them is the row."""
+
+
+Mode = tuple[Recompute, int | None]
+"""A recomputation and the count of segments it recomputes (0: every one; None: the fewest
+with which the step fits, searched)."""
+
+MODES: tuple[Mode, ...] = ((Recompute.NONE, 0), (Recompute.SELECTIVE, 0), (Recompute.FULL, None))
+"""What the search tries: nothing recomputed, selective, and full of as few segments as fit."""
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """The best uniform configuration: its row (named ``hybrid``), its step shape, and every
+    configuration priced beside it on the whole graph."""
+
+    row: Candidate
+    training: Training
+    tried: tuple[Candidate, ...]
+
+
+def _fewest(ks: Sequence[int], fits: Callable[[int], bool]) -> int | None:
+    """The fewest micro-batches of ``ks`` (ascending) with which ``fits`` holds, given that
+    it holds for every count above one that does; None if not even the most fit."""
+    if ks and fits(ks[0]):
+        return ks[0]
+    if len(ks) < 2 or not fits(ks[-1]):
+        return None
+    lo, hi = -1, len(ks) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(ks[mid]) else (mid, hi)
+    return ks[hi]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One ``tp=T,dp=D`` hybrid at one micro-batch count, as priced: on the whole graph, or
+    (``run`` set) on the graph shortened to ``KEPT[0]`` blocks, with ``deeper`` at ``KEPT[1]``."""
+
+    baseline: Baseline
+    deeper: Baseline | None = None
+    start: int = 0          # where the shortened hybrid's run starts and ends, in its segments
+    end: int = 0
+    period: int = 0
+    dropped: int = 0        # the blocks the whole graph has beyond KEPT[0]
+
+    @property
+    def folded(self) -> bool:
+        return self.deeper is not None
+
+    def whole_limit(self, limit: int, keep: int) -> int:
+        """``limit`` (segments recomputed, of the whole graph) on the graph of ``keep`` blocks."""
+        if not self.folded or limit == 0 or limit <= self.start:
+            return limit
+        return max(limit - (self.dropped + KEPT[0] - keep) * self.period, self.start)
+
+
+class _Uniforms:
+    """The layouts, tables and prices of one graph's uniform configurations (cached)."""
+
+    def __init__(self, graph_for: Callable[[int], PCG], cluster: ClusterSpec, config: CostConfig) -> None:
+        self.graph_for, self.cluster, self.config = graph_for, cluster, config
+        caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
+        self.capacity = np.array([c if config.memory_limit is None else min(c, config.memory_limit) for c in caps])
+        self._blocks: dict[int, Blocks] = {}
+        self._layouts: dict[tuple[int, int, int], _Layout | None] = {}
+        self._totals: dict[tuple, np.ndarray] = {}
+
+    def shaped(self, train: Training) -> CostConfig:
+        return replace(self.config, training=train)
+
+    def layout(self, k: int, tp: int, dp: int) -> _Layout | None:
+        """The hybrid at ``k`` micro-batches (None: a model whose exported shapes do not
+        follow that micro-batch, or a hybrid it cannot take)."""
+        if (k, tp, dp) not in self._layouts:
+            check()
+            try:
+                self._layouts[k, tp, dp] = self._laid(k, tp, dp)
+            except UnityError:
+                self._layouts[k, tp, dp] = None
+        return self._layouts[k, tp, dp]
+
+    def _laid(self, k: int, tp: int, dp: int) -> _Layout:
+        whole = self.graph_for(k)
+        if k not in self._blocks:
+            self._blocks[k] = blocks(whole)
+        found = self._blocks[k]
+        if found.run is None or found.run.count <= KEPT[1]:
+            return _Layout(hybrid(whole, tp, dp))
+        short, deeper = (hybrid(shortened(whole, found, keep), tp, dp) for keep in KEPT)
+        runs = []
+        for b, keep in ((short, KEPT[0]), (deeper, KEPT[1])):
+            layout = layout_sources(b.pcg)
+            runs.append(find_run(segment_keys(b.pcg, layout, segments(b.pcg, layout)), least=keep))
+        a, c = runs
+        if a is None or c is None or (a.start, a.period, a.end + a.period) != (c.start, c.period, c.end):
+            return _Layout(hybrid(whole, tp, dp))   # the hybrid's blocks are not alike: price it whole
+        return _Layout(short, deeper, a.start, a.end, a.period, found.run.count - KEPT[0])
+
+    def totals(self, lay: _Layout, z: int, r: Recompute) -> np.ndarray:
+        """``[limit, device]``: the whole graph's bytes per device with the first ``limit``
+        segments recomputed (``MemoryTable.totals``)."""
+        key = (id(lay), z, r)
+        if key not in self._totals:
+            pcg = lay.baseline.pcg
+            views = default_views(pcg)
+            table: MemoryTable = memory_table(pcg, [views[i].devices(n.outputs[0]) for i, n in pcg],
+                                              layout_sources(pcg), self.cluster.num_devices,
+                                              self.shaped(Training(z, 1, r, 0)))
+            if lay.folded:
+                table = table.repeated(lay.end, lay.period, lay.dropped)
+            self._totals[key] = table.totals()
+        return self._totals[key]
+
+    def fits(self, lay: _Layout | None, z: int, r: Recompute, limit: int) -> bool:
+        if lay is None:
+            return False
+        totals = self.totals(lay, z, r)
+        return bool((totals[min(limit, len(totals) - 1)] <= self.capacity).all())
+
+    def fewest_limit(self, lay: _Layout, z: int, r: Recompute) -> int:
+        """The fewest segments recomputed (1 .. all but one) with which it fits; 0: all."""
+        totals = self.totals(lay, z, r)
+        ok = np.flatnonzero((totals[1:-1] <= self.capacity).all(axis=1))
+        return int(ok[0]) + 1 if len(ok) else 0
+
+    def priced(self, lay: _Layout, train: Training) -> Candidate | float:
+        """The configuration on the whole graph at its better grid (a Candidate), or, where
+        it is laid out shortened, its step time extrapolated to the whole (seconds)."""
+        if not lay.folded:
+            return price_hybrid(retrained(lay.baseline, train), self.cluster, self.shaped(train), mapped=True,
+                                dp_mapped=False)
+        limit = train.recompute_segments
+        if limit and lay.start < limit < lay.end + lay.dropped * lay.period:
+            # some of the run recomputed: as far between none and all of it as it goes
+            lo, hi = lay.start, lay.end + lay.dropped * lay.period
+            t_lo = self.priced(lay, replace(train, recompute_segments=lo) if lo else
+                               replace(train, recompute=Recompute.NONE, recompute_segments=0))
+            t_hi = self.priced(lay, replace(train, recompute_segments=hi))
+            return t_lo + (t_hi - t_lo) * (limit - lo) / (hi - lo)
+        times = [self._grids(b, replace(train, recompute_segments=lay.whole_limit(limit, keep)))
+                 for b, keep in ((lay.baseline, KEPT[0]), (lay.deeper, KEPT[1]))]
+        grow = lay.dropped - (KEPT[1] - KEPT[0])
+        return min(t2 + grow * (t2 - t1) for t1, t2 in zip(*times, strict=True))
+
+    def _grids(self, b: Baseline, train: Training) -> list[float]:
+        """The step time on the default grid and on the transposed one (where there is one)."""
+        config = self.shaped(train)
+        views = default_views(b.pcg)
+        out = [estimate(b.pcg, views, self.cluster, config).step_time]
+        tp, dp = b.degrees or (0, 0)
+        across = transposed_views(b.pcg, views, tp, dp) if tp > 1 and dp > 1 else None
+        if across is not None:
+            out.append(estimate(b.pcg, across, self.cluster, config).step_time)
+        return out
+
+    def whole(self, k: int, tp: int, dp: int, train: Training) -> Candidate:
+        """The configuration built and priced on the whole graph at its better grid."""
+        b = retrained(hybrid(self.graph_for(k), tp, dp), train)
+        return price_hybrid(b, self.cluster, self.shaped(train), mapped=True, dp_mapped=False)
+
+
+def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
+                 stages: Sequence[int] = ZERO_STAGES, ks: Sequence[int] | None = None,
+                 modes: Sequence[Mode] = MODES) -> Uniform | None:
+    """The fastest ``tp=T,dp=D,zero=Z,mb=K,recompute=R[:S]`` that fits (None: none does): every
+    factorization ``T*D`` of the device count, ZeRO stage of ``stages`` and recomputation of
+    ``modes``, each at the fewest micro-batches of ``ks`` (default: every divisor of the
+    global ``batch``) whose micro-batch ``D`` divides, and there (where ``modes`` leaves the
+    count of segments to the search) recomputing the fewest segments with which it still
+    fits. Each that fits is priced at its better grid (``price_hybrid``; on a graph of
+    repeated blocks, the module docstring), and those within :data:`MAPPED_WITHIN` of the
+    fastest are laid out by the machine-mapping DP too.
+    ``graph_for(k)`` is the graph at the micro-batch size of ``k`` micro-batches."""
+    n = cluster.num_devices
+    ks = sorted(ks) if ks is not None else [d for d in range(1, batch + 1) if batch % d == 0]
+    degrees = sorted({td for k in ks for td in hybrid_degrees(n, batch // k)})
+    u = _Uniforms(graph_for, cluster, config)
+
+    def fits(k: int, tp: int, dp: int, z: int, r: Recompute, s: int) -> bool:
+        return u.fits(u.layout(k, tp, dp), z, r, s)
+
+    fitting: list[tuple[tuple[int, int, int], Training]] = []
+    for tp, dp in degrees:
+        counts = [k for k in ks if (batch // k) % dp == 0]
+        for r, count in modes:
+            for z in stages:
+                k = _fewest(counts, partial(fits, tp=tp, dp=dp, z=z, r=r, s=count or 0))
+                if k is None:
+                    continue
+                lay = u.layout(k, tp, dp)
+                assert lay is not None
+                s = count or 0
+                if count is None and r is not Recompute.NONE:    # as few segments as fit
+                    s = u.fewest_limit(lay, z, r)
+                fitting.append(((k, tp, dp), Training(z, k, r, s)))
+    if not fitting:
+        return None
+    priced = [u.priced(u.layout(*at), train) for at, train in fitting]
+    within, count = MAPPED_WITHIN, f"{len(fitting)}"
+    if any(isinstance(p, float) for p in priced):     # shortened: the fastest few priced whole
+        order = sorted(range(len(fitting)), key=lambda i: p if isinstance(p := priced[i], float) else
+                       p.report.step_time)[:WHOLE]
+        fitting = [fitting[i] for i in order]
+        priced = [p if isinstance(p := priced[i], Candidate) else u.whole(*fitting[j][0], fitting[j][1])
+                  for j, i in enumerate(order)]
+        within, count = 1.0, f"{count}, the {len(order)} fastest on a shortened graph priced whole,"
+    tried: list[Candidate] = list(priced)
+    order = sorted(range(len(tried)), key=lambda i: rank(tried[i].report))
+    fastest = tried[order[0]].report.step_time
+    for i in order:     # the machine-mapping DP lays out those that may win by it
+        if tried[i].report.step_time > fastest * within:
+            break
+        laid = evaluate(tried[i].baseline, cluster, u.shaped(fitting[i][1]), None, None,
+                        (tried[i].views, tried[i].report))
+        if _better(laid.report, tried[i].report):
+            tried[i] = replace(laid, baseline=tried[i].baseline)
+            fastest = min(fastest, laid.report.step_time)
+    at = min(range(len(tried)), key=lambda i: rank(tried[i].report))
+    won, train = tried[at], fitting[at][1]
+    b = won.baseline
+    others = (f"the fastest of {count} uniform configurations that fit (tp x dp = "
+              f"{n}, each ZeRO stage and recomputation at its fewest micro-batches)")
+    return Uniform(replace(won, baseline=replace(b, name=HYBRID, description=f"{b.description}; {others}")),
+                   train, tuple(tried))
