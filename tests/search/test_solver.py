@@ -68,6 +68,22 @@ def branches(batch: int, width: int):
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])])
 
 
+def reshaped(batch: int, width: int):
+    """Products with reshapes between them (heads split and merged, as attention does): a
+    chain whose reshapes are views, holding no buffer of their own."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), n) for n in "ab"]
+    inits += [numpy_helper.from_array(np.array(s, dtype=np.int64), n)
+              for n, s in (("split", [batch, 4, width // 4]), ("merge", [batch, width]))]
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["p"], name="first"),
+             helper.make_node("Reshape", ["p", "split"], ["heads"], name="split_heads"),
+             helper.make_node("Relu", ["heads"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "merge"], ["m"], name="merge_heads"),
+             helper.make_node("MatMul", ["m", "b"], ["y"], name="second")]
+    return _model(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])])
+
+
 def embedding(batch: int, rows: int, dim: int, out: int):
     """A big table looked up by ids, then a small dense layer: DLRM's shape."""
     rng = np.random.default_rng(2)
@@ -137,6 +153,7 @@ MEMORY_CASES = [
     ("mlp", lambda: mlp(64, [256, 1024, 256, 1024, 256]), (2, 3)),
     ("branches", lambda: branches(48, 512), (2, 2)),
     ("embedding", lambda: embedding(96, 4096, 64, 64), (1, 4)),
+    ("reshaped", lambda: reshaped(48, 256), (1, 4)),
 ]
 
 
@@ -159,7 +176,7 @@ def test_the_solver_counts_every_byte_the_pricing_does(name, make, shape):
             g = realize(p, choice)
             busiest = max(estimate(g, default_views(g), c, CostConfig()).memory)
             assert p.memory(choice) >= busiest, (mesh, k)
-            if name == "mlp":
+            if name in ("mlp", "reshaped"):
                 assert p.memory(choice) == busiest, (mesh, k)
 
 

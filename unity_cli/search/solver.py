@@ -67,6 +67,7 @@ from ..deadline import check
 from ..errors import ShapeError
 from ..ir.machine_view import MachineView
 from ..ir.ops.elementwise import UnaryAttrs
+from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import InputAttrs, WeightAttrs
 from ..ir.opspec import SUM, backward_mask, input_layout
 from ..ir.pcg import PCG, GraphBuilder, Node, TensorRef
@@ -368,7 +369,9 @@ class Tables:
             fwd, bwd = _compute_time(n.op, o.inputs, o.outputs, device, config.dtype, config.profile, mask, copies)
             t = (fwd * (2 if again is not Again.NO else 1) + bwd) * micro
             sync = 0.0
-            mem = 0 if again is Again.ALL else sum(s.piece.numel * config.dtype.itemsize for s in o.outputs)
+            # (a reshape's output is a view of its input: it holds no buffer, ``cost.memory.stored_nodes``)
+            held = again is not Again.ALL and not isinstance(n.op, ReshapeAttrs)
+            mem = sum(s.piece.numel * config.dtype.itemsize for s in o.outputs) if held else 0
             if again is Again.NO:
                 mem += n.spec.saved(n.op, [s.piece for s in o.inputs],
                                     [s.piece for s in o.outputs]).extra_bytes(config.dtype.itemsize)
