@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from unity_cli.ir.blocks import MIN_BLOCKS, Run, blocks, find_run, shortened
+from unity_cli.ir.blocks import MIN_BLOCKS, Blocks, Run, blocks, find_run, lengthened, likes, shortened
 from unity_cli.ir.validate import validate
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.zoo import WeightMode, Weights, llm
@@ -100,3 +100,36 @@ def test_a_layer_that_differs_ends_the_run(tmp_path):
 def test_find_run(keys, run):
     assert MIN_BLOCKS == 4
     assert find_run(list(keys)) == run
+
+
+def _renamer(whole, short):
+    """Names of the whole graph's blocks for the copies of the shortened graph's last block."""
+    like = likes(whole, blocks(whole))
+    at = {n.name: i for i, n in whole}
+
+    def rename(j: int, v: int):
+        twin = like(at[short.nodes[v].name], j)
+        assert twin is not None, short.nodes[v].name
+        return short.nodes[v].op, whole.nodes[twin].name
+    return rename
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_lengthening_the_shortened_graph_gives_the_whole_back(tmp_path, family, keep):
+    g = deep(tmp_path, family, 7)
+    found = blocks(g)
+    short = shortened(g, found, keep)
+    again = blocks(short)
+    assert again.run is None or again.run.count == keep or keep < MIN_BLOCKS
+    # its run, as few blocks as it has
+    run = Run(found.run.start, found.run.period, keep)
+    longer, origin = lengthened(short, Blocks(again.segments, again.keys, run), found.run.count - keep,
+                                _renamer(g, short))
+    validate(longer)
+    assert len(longer) == len(g) and longer.canonical_hash == g.canonical_hash
+    assert sorted(n.name for _, n in longer if n.spec.is_source) == sorted(n.name for _, n in g if n.spec.is_source)
+    assert all(longer.nodes[i].op == short.nodes[o].op for i, o in enumerate(origin))
+    # and a wrong count of blocks is another graph
+    other, _ = lengthened(short, Blocks(again.segments, again.keys, run), found.run.count - keep - 1)
+    assert other.canonical_hash != g.canonical_hash

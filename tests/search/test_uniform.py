@@ -17,7 +17,9 @@ from unity_cli.ir.schedule import layout_sources
 from unity_cli.ir.training import Training
 from unity_cli.search.baselines import hybrid, hybrid_degrees, retrained, strategy_name
 from unity_cli.search.optimize import HYBRID, price_hybrid
+from unity_cli.search.step import attention_rewritten
 from unity_cli.search.uniform import _Layout, _Uniforms, best_uniform
+from unity_cli.substitutions.cache import load_cache
 
 CONFIG = CostConfig(DType.FLOAT32, Optimizer.ADAM)
 
@@ -27,10 +29,24 @@ def _graphs(tmp_path, family, layers, batch):
     return made.__getitem__
 
 
-@pytest.mark.parametrize("family,cluster", [("llama", "summit-192:12"), ("gpt", "local-cpu:3")])
-def test_the_shortened_tables_are_the_whole_graphs(tmp_path, family, cluster):
-    graph_for, c = _graphs(tmp_path, family, 7, 6), load_cluster(cluster)
-    short, whole = _Uniforms(graph_for, c, CONFIG), _Uniforms(graph_for, c, CONFIG)
+@pytest.mark.parametrize("family,cluster,rewritten", [("llama", "summit-192:12", False), ("gpt", "local-cpu:3", False),
+                                                      ("llama", "local-cpu:3", True)])
+def test_the_shortened_tables_are_the_whole_graphs(tmp_path, family, cluster, rewritten):
+    source_for, c = _graphs(tmp_path, family, 7, 6), load_cluster(cluster)
+    rewrite = None
+    graph_for = source_for
+    if rewritten:   # every attention chain one Attention: on the whole graph, and after shortening
+        rules = load_cache(None).rules
+
+        def fn(g):
+            return attention_rewritten(g, rules)[0]
+        made = {}
+
+        def graph_for(k):
+            return made.setdefault(k, fn(source_for(k)))
+        rewrite = (source_for, fn)
+        assert graph_for(1) is not source_for(1)
+    short, whole = _Uniforms(graph_for, c, CONFIG, rewrite), _Uniforms(graph_for, c, CONFIG)
     folded = 0
     for k in (1, 2):
         for tp, dp in hybrid_degrees(c.num_devices, 6 // k):
@@ -84,9 +100,9 @@ def test_the_extrapolated_step_is_close_to_the_whole_graphs(tmp_path, family, cl
 
 
 def test_the_row_is_the_brute_force_best(tmp_path):
-    batch = 6
-    graph_for, c = _graphs(tmp_path, "llama", 5, batch), load_cluster("local-cpu:3")
-    least = price_hybrid(hybrid(graph_for(1), 1, 3), c, CONFIG).report
+    batch = 4
+    graph_for, c = _graphs(tmp_path, "llama", 6, batch), load_cluster("local-cpu:2")
+    least = price_hybrid(hybrid(graph_for(1), 1, 2), c, CONFIG).report
     config = replace(CONFIG, memory_limit=int(max(least.memory) * 0.6))
     stages, modes = (0, 3), ((Recompute.NONE, 0), (Recompute.FULL, None))
     hand = {}

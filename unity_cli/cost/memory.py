@@ -100,7 +100,8 @@ class MemoryTable:
 
 
 def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
-                 num_devices: int, config: CostConfig) -> MemoryTable:
+                 num_devices: int, config: CostConfig, segs: Sequence[Sequence[int]] | None = None,
+                 grads: frozenset | None = None) -> MemoryTable:
     """Every byte a device holds (:class:`MemoryTable`, and :func:`memory_account`): each
     trainable weight's stored pieces with their gradients and optimizer state
     (``ir/training.py``: :class:`~unity_cli.ir.training.WeightBytes`, the optimizer part
@@ -111,11 +112,13 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     forward but the outputs that something else keeps: a reader that is not recomputed
     with it (its context), or a later segment (its input, kept for its recompute). While
     backward recomputes a segment, its nodes' outputs and contexts are alive again: the
-    largest segment's is the workspace."""
+    largest segment's is the workspace. ``segs`` and ``grads``: the graph's segments and the
+    tensors whose gradient flows, where already made."""
     stored = stored_nodes(pcg, layout)
     per_param, zero = config.weight_bytes, config.training.zero
-    segs = segments(pcg, layout)
-    again_sets = recomputed(pcg, layout, needs_grad(pcg, pcg.outputs[0]), config.training.recompute, 0, segs)
+    segs = segments(pcg, layout) if segs is None else segs
+    grads = needs_grad(pcg, pcg.outputs[0]) if grads is None else grads
+    again_sets = recomputed(pcg, layout, grads, config.training.recompute, 0, segs)
     seg_of = {i: s for s, seg in enumerate(segs) for i in seg}
     again_of = {i: s for s, seg in enumerate(again_sets) for i in seg}
     home: dict[int, int] = {}       # a source's or layout's first reader's segment

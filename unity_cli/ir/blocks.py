@@ -18,9 +18,11 @@ they choose on the whole graph.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
+from .ops.sources import WeightAttrs
 from .opspec import attrs_key
 from .pcg import PCG, GraphBuilder, TensorRef
 from .recompute import activation_nodes, segments
@@ -72,18 +74,17 @@ def segment_keys(pcg: PCG, layout: Sequence[int | None], segs: Sequence[Sequence
         for y, i in enumerate(seg):
             seg_of[i], pos[i] = s, y
     acts = set(activation_nodes(pcg, layout))
-    # the segments that read each node (through layouts, for a source)
-    readers: list[set[int]] = [set() for _ in pcg.nodes]
-    for i in range(len(pcg) - 1, -1, -1):
-        for u, _ in pcg.consumers[i]:
-            readers[i] |= {seg_of[u]} if u in acts else readers[u]
+    readers = _readers(pcg, acts, seg_of)
     local: dict[int, tuple] = {}
 
     def own(u: int) -> tuple:
-        """A source or layout node's structure (its inputs' too), not its name."""
+        """A source or layout node's structure (its inputs' too), not its name (nor the
+        names of the weights a folded one is made of)."""
         if u not in local:
             n = pcg.nodes[u]
-            local[u] = (attrs_key(n.op), tuple(map(str, n.outputs)), tuple((own(r.node), r.index) for r in n.inputs))
+            op = replace(n.op, parts=tuple(("", k) for _, k in n.op.parts)) \
+                if isinstance(n.op, WeightAttrs) and n.op.parts else n.op
+            local[u] = (attrs_key(op), tuple(map(str, n.outputs)), tuple((own(r.node), r.index) for r in n.inputs))
         return local[u]
 
     keys = []
@@ -94,8 +95,7 @@ def segment_keys(pcg: PCG, layout: Sequence[int | None], segs: Sequence[Sequence
             ins = []
             for r in n.inputs:
                 u = r.node
-                shared = len(readers[u] - {seg_of.get(u)}) > 1
-                if shared:
+                if _shared(u, readers, seg_of):
                     ins.append(("node", u, r.index))
                 elif u in acts:
                     ins.append(("back", s - seg_of[u], pos[u], r.index))
@@ -104,6 +104,21 @@ def segment_keys(pcg: PCG, layout: Sequence[int | None], segs: Sequence[Sequence
             key.append((attrs_key(n.op), tuple(map(str, n.outputs)), tuple(ins)))
         keys.append(tuple(key))
     return tuple(keys)
+
+
+def _readers(pcg: PCG, acts: set[int], seg_of: dict[int, int]) -> list[set[int]]:
+    """The segments that read each node (through layouts, for a source)."""
+    readers: list[set[int]] = [set() for _ in pcg.nodes]
+    for i in range(len(pcg) - 1, -1, -1):
+        for u, _ in pcg.consumers[i]:
+            readers[i] |= {seg_of[u]} if u in acts else readers[u]
+    return readers
+
+
+def _shared(u: int, readers: list[set[int]], seg_of: dict[int, int]) -> bool:
+    """Whether segments other than its own read node ``u`` from more than one place (a
+    mask, a rotary table, a tied embedding): a block reads it as that node, not its like."""
+    return len(readers[u] - {seg_of.get(u)}) > 1
 
 
 def find_run(keys: Sequence[tuple], least: int = MIN_BLOCKS) -> Run | None:
@@ -167,3 +182,101 @@ def shortened(pcg: PCG, found: Blocks, keep: int) -> PCG:
             continue
         new[i] = b.add(n.op, [ref(r) for r in n.inputs], n.name, outputs=n.outputs)[0].node
     return b.build(ref(r) for r in pcg.outputs)
+
+
+def lengthened(pcg: PCG, found: Blocks, times: int, rename: Callable[[int, int], tuple[Any, str]] | None = None
+               ) -> tuple[PCG, tuple[int, ...]]:
+    """``pcg`` with ``times`` more blocks after its run (``found.run``): each a copy of the
+    run's last block (its operators, and the weights and constants only it reads) that reads
+    the block before it where the last block read the one before that; what read the last
+    block reads the last copy. The inverse of :func:`shortened`. ``rename(j, i)``: the
+    attributes and name of copy ``j``'s (1, 2, ...) like of node ``i`` (default: ``i``'s
+    own; a copy's weights are the model's weights of the layer it stands for). Returns the
+    graph and, per node, the node of ``pcg`` it is or copies."""
+    run = found.run
+    assert run is not None and times >= 0
+    if times == 0:
+        return pcg, tuple(range(len(pcg)))
+    layout = layout_sources(pcg)
+    acts = set(activation_nodes(pcg, layout))
+    where = {i: (s, y) for s, seg in enumerate(found.segments) for y, i in enumerate(seg)}
+    seg_of = {i: s for i, (s, _) in where.items()}
+    readers = _readers(pcg, acts, seg_of)
+    block = set(range(run.end - run.period, run.end))
+    members = sorted([i for i in range(len(pcg)) if i not in acts and readers[i] and readers[i] <= block] +
+                     [i for s in sorted(block) for i in found.segments[s]])
+    last = members[-1]
+    b = GraphBuilder()
+    new: dict[int, int] = {}
+    at: dict[tuple[int, int], int] = {}       # (segment, position) of the longer graph -> its node
+    origin: list[int] = []
+
+    def emit(i: int, ins: list[TensorRef], named: tuple[Any, str] | None = None) -> int:
+        n = pcg.nodes[i]
+        op, name = named or (n.op, n.name)
+        origin.append(i)
+        return b.add(op, ins, name, outputs=n.outputs)[0].node
+
+    def shifted(u: int, blocks: int, inside: bool) -> int | None:
+        """The like of operator ``u`` ``blocks`` blocks on (None: ``u`` is read as itself: a
+        source, a shared node, or, unless read from inside the run, a node outside it)."""
+        if u not in where or _shared(u, readers, seg_of) or not (inside or run.start <= where[u][0] < run.end):
+            return None
+        s, y = where[u]
+        return at[s + blocks * run.period, y]
+
+    for i in range(last + 1):
+        new[i] = emit(i, [TensorRef(new[r.node], r.index) for r in pcg.nodes[i].inputs])
+        if i in where:
+            at[where[i]] = new[i]
+    for j in range(1, times + 1):
+        copy: dict[int, int] = {}
+        for v in members:
+            ins = []
+            for r in pcg.nodes[v].inputs:
+                u = copy.get(r.node)
+                if u is None:
+                    u = shifted(r.node, j, inside=True)
+                ins.append(TensorRef(new[r.node] if u is None else u, r.index))
+            copy[v] = emit(v, ins, rename(j, v) if rename else None)
+            if v in where:
+                s, y = where[v]
+                at[s + j * run.period, y] = copy[v]
+
+    def ref(r: TensorRef) -> TensorRef:
+        u = shifted(r.node, times, inside=False)
+        return TensorRef(new[r.node] if u is None else u, r.index)
+
+    for i in range(last + 1, len(pcg)):
+        new[i] = emit(i, [ref(r) for r in pcg.nodes[i].inputs])
+    return b.build(ref(r) for r in pcg.outputs), tuple(origin)
+
+
+def likes(pcg: PCG, found: Blocks) -> Callable[[int, int], int | None]:
+    """``like(i, j)``: the node ``j`` blocks after node ``i`` of the run (an operator at the
+    same position of its segment ``j`` blocks on; a weight or constant only its block reads,
+    what that operator reads in its place); None where there is none (``i`` outside the run,
+    shared, or past its end)."""
+    run = found.run
+    assert run is not None
+    layout = layout_sources(pcg)
+    acts = set(activation_nodes(pcg, layout))
+    where = {i: (s, y) for s, seg in enumerate(found.segments) for y, i in enumerate(seg)}
+    seg_of = {i: s for i, (s, _) in where.items()}
+    readers = _readers(pcg, acts, seg_of)
+
+    def like(i: int, j: int) -> int | None:
+        if i in where:
+            s, y = where[i]
+            t = s + j * run.period
+            if _shared(i, readers, seg_of) or not (run.start <= s < run.end and run.start <= t < run.end) \
+                    or y >= len(found.segments[t]):
+                return None
+            return found.segments[t][y]
+        if not readers[i] or len(readers[i]) > 1:
+            return None
+        u, k = min(pcg.consumers[i])            # its first reader, and where it reads it
+        twin = like(u, j)
+        return None if twin is None else pcg.nodes[twin].inputs[k].node
+
+    return like

@@ -43,6 +43,7 @@ from ..ir.validate import validate
 from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
 from .baselines import Strategy
+from .folded import folded_search
 from .joint import Applied, faster, rank
 from .optimize import SEARCHES, Candidate, SearchResult, optimize
 from .uniform import MODES, Mode, _fewest, best_uniform
@@ -74,6 +75,11 @@ def attention_rewritten(pcg: PCG, rules: Sequence[Rule]) -> tuple[PCG, tuple[App
     return pcg, tuple(path)
 
 
+def has_attention(pcg: PCG, rules: Sequence[Rule]) -> bool:
+    """Whether ``pcg`` holds a chain a rule makes one memory-efficient Attention of."""
+    return any(find_matches(pcg, r, limit=1) for r in rules if r.makes_attention)
+
+
 def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
                   strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
                   recompute: Mode | None = None, **search: Any) -> tuple[SearchResult, int]:
@@ -101,10 +107,11 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
     modes = MODES if recompute is None else (recompute,)
     rewritten: dict[int, tuple[PCG, tuple[Applied, ...]]] = {}
+    rules = search.get("rules", ())
 
     def attention_for(k: int) -> PCG:
         if k not in rewritten:
-            rewritten[k] = attention_rewritten(graph_for(k), search.get("rules", ()))
+            rewritten[k] = attention_rewritten(graph_for(k), rules)
         return rewritten[k][0]
 
     budget = search.get("budget")
@@ -113,8 +120,9 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
             # on the graph as given and, where it holds an attention chain, with every chain
             # one memory-efficient Attention: the rewrite decides what fits, so both are priced
             found = [(best_uniform(graph_for, batch, cluster, config, stages, ks, modes), graph_for)]
-            if attention_for(ks[0]) is not graph_for(ks[0]):
-                found.append((best_uniform(attention_for, batch, cluster, config, stages, ks, modes), attention_for))
+            if has_attention(graph_for(ks[0]), rules):
+                found.append((best_uniform(attention_for, batch, cluster, config, stages, ks, modes,
+                                           (graph_for, lambda g: attention_rewritten(g, rules)[0])), attention_for))
     except OutOfTime:   # the searches plan the plain step with the time left
         train = Training(stages[0], ks[0], modes[0][0], modes[0][1] or 0)
         return optimize(graph_for(ks[0]), cluster, replace(config, training=train), strategy, **search), ks[0]
@@ -124,8 +132,9 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     uniform, graph = min(found, key=lambda f: rank(f[0].row.report))
     train = uniform.training
     k = train.micro_batches
-    result = optimize(graph(k), cluster, replace(config, training=train), strategy,
-                      hybrid_row=(uniform.row, uniform.tried), **search)
+    result = folded_search(graph(k), cluster, config, uniform, strategy, search) or \
+        optimize(graph(k), cluster, replace(config, training=train), strategy,
+                 hybrid_row=(uniform.row, uniform.tried), **search)
     if graph is attention_for:  # every row was priced on the rewritten graph
         result = replace(result, rewrites=rewritten[k][1] + tuple(result.rewrites))
     return (_restaged(result, cluster, config, stages) if zero is None else result), k

@@ -32,7 +32,7 @@ from ..errors import UnityError
 from ..ir.blocks import Blocks, blocks, find_run, segment_keys, shortened
 from ..ir.pcg import PCG
 from ..ir.recompute import Recompute, segments
-from ..ir.schedule import layout_sources
+from ..ir.schedule import layout_sources, needs_grad
 from ..ir.training import ZERO_STAGES, Training
 from .baselines import Baseline, hybrid, hybrid_degrees, retrained
 from .joint import rank
@@ -47,16 +47,22 @@ and 32 GPUs), so one further off is not expected to win; the DP costs what sever
 do on a large graph, so laying out every configuration would cost more than the rest of
 the search."""
 
-KEPT = (2, 3)
+KEPT = (3, 4)
 """The depths (blocks of the run kept) a graph of repeated blocks is priced at: the table
 repeats the last block of the first, and the step time grows by the difference of the two
-per dropped block. Two, not one: the first block of a run can differ in cost from the next
-(what it reads comes from outside the run)."""
+per dropped block. Three, not one: a layout can make the run's first block, and the last
+(what they read, or what reads them, is outside the run), unlike the others, and a layout
+whose blocks repeat has at least two alike at the first depth."""
 
 WHOLE = 3
 """Where the graph was shortened, how many of the fastest configurations are priced on the
 whole graph (each at its better grid); the fastest of them is the row."""
 
+
+Rewrite = tuple[Callable[[int], PCG], Callable[[PCG], PCG]]
+"""The graph before a rewrite, at each micro-batch count, and the rewrite (``step.py``: every
+attention chain one Attention). Blocks are found and dropped before it, so it rewrites a
+few blocks, not all of them; the whole graph is rewritten only to be priced whole."""
 
 Mode = tuple[Recompute, int | None]
 """A recomputation and the count of segments it recomputes (0: every one; None: the fewest
@@ -116,13 +122,17 @@ class _Layout:
 class _Uniforms:
     """The layouts, tables and prices of one graph's uniform configurations (cached)."""
 
-    def __init__(self, graph_for: Callable[[int], PCG], cluster: ClusterSpec, config: CostConfig) -> None:
+    def __init__(self, graph_for: Callable[[int], PCG], cluster: ClusterSpec, config: CostConfig,
+                 rewrite: Rewrite | None = None) -> None:
         self.graph_for, self.cluster, self.config = graph_for, cluster, config
+        self.source_for, self.rewrite = (graph_for, None) if rewrite is None else rewrite
         caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
         self.capacity = np.array([c if config.memory_limit is None else min(c, config.memory_limit) for c in caps])
         self._blocks: dict[int, Blocks] = {}
         self._layouts: dict[tuple[int, int, int], _Layout | None] = {}
         self._totals: dict[tuple, np.ndarray] = {}
+        self._shorts: dict[tuple[int, int], PCG] = {}
+        self._graph: dict[int, tuple] = {}
 
     def shaped(self, train: Training) -> CostConfig:
         return replace(self.config, training=train)
@@ -139,21 +149,28 @@ class _Uniforms:
         return self._layouts[k, tp, dp]
 
     def _laid(self, k: int, tp: int, dp: int) -> _Layout:
-        whole = self.graph_for(k)
+        source = self.source_for(k)
         if k not in self._blocks:
-            self._blocks[k] = blocks(whole)
+            self._blocks[k] = blocks(source)
         found = self._blocks[k]
         if found.run is None or found.run.count <= KEPT[1]:
-            return _Layout(hybrid(whole, tp, dp))
-        short, deeper = (hybrid(shortened(whole, found, keep), tp, dp) for keep in KEPT)
+            return _Layout(hybrid(self.graph_for(k), tp, dp))
+        short, deeper = (hybrid(self._short(k, keep), tp, dp) for keep in KEPT)
         runs = []
         for b, keep in ((short, KEPT[0]), (deeper, KEPT[1])):
             layout = layout_sources(b.pcg)
-            runs.append(find_run(segment_keys(b.pcg, layout, segments(b.pcg, layout)), least=keep))
+            runs.append(find_run(segment_keys(b.pcg, layout, segments(b.pcg, layout)), least=keep - 1))
         a, c = runs
         if a is None or c is None or (a.start, a.period, a.end + a.period) != (c.start, c.period, c.end):
-            return _Layout(hybrid(whole, tp, dp))   # the hybrid's blocks are not alike: price it whole
+            return _Layout(hybrid(self.graph_for(k), tp, dp))   # the hybrid's blocks are not alike: price it whole
         return _Layout(short, deeper, a.start, a.end, a.period, found.run.count - KEPT[0])
+
+    def _short(self, k: int, keep: int) -> PCG:
+        """The graph at ``k`` micro-batches shortened to ``keep`` blocks (and rewritten)."""
+        if (k, keep) not in self._shorts:
+            short = shortened(self.source_for(k), self._blocks[k], keep)
+            self._shorts[k, keep] = short if self.rewrite is None else self.rewrite(short)
+        return self._shorts[k, keep]
 
     def totals(self, lay: _Layout, z: int, r: Recompute) -> np.ndarray:
         """``[limit, device]``: the whole graph's bytes per device with the first ``limit``
@@ -161,10 +178,13 @@ class _Uniforms:
         key = (id(lay), z, r)
         if key not in self._totals:
             pcg = lay.baseline.pcg
-            views = default_views(pcg)
-            table: MemoryTable = memory_table(pcg, [views[i].devices(n.outputs[0]) for i, n in pcg],
-                                              layout_sources(pcg), self.cluster.num_devices,
-                                              self.shaped(Training(z, 1, r, 0)))
+            if id(lay) not in self._graph:     # what every stage and mode reads alike
+                views, layout = default_views(pcg), layout_sources(pcg)
+                self._graph[id(lay)] = ([views[i].devices(n.outputs[0]) for i, n in pcg], layout,
+                                        segments(pcg, layout), needs_grad(pcg, pcg.outputs[0]))
+            devs, layout, segs, grads = self._graph[id(lay)]
+            table: MemoryTable = memory_table(pcg, devs, layout, self.cluster.num_devices,
+                                              self.shaped(Training(z, 1, r, 0)), segs, grads)
             if lay.folded:
                 table = table.repeated(lay.end, lay.period, lay.dropped)
             self._totals[key] = table.totals()
@@ -220,7 +240,7 @@ class _Uniforms:
 
 def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
                  stages: Sequence[int] = ZERO_STAGES, ks: Sequence[int] | None = None,
-                 modes: Sequence[Mode] = MODES) -> Uniform | None:
+                 modes: Sequence[Mode] = MODES, rewrite: Rewrite | None = None) -> Uniform | None:
     """The fastest ``tp=T,dp=D,zero=Z,mb=K,recompute=R[:S]`` that fits (None: none does): every
     factorization ``T*D`` of the device count, ZeRO stage of ``stages`` and recomputation of
     ``modes``, each at the fewest micro-batches of ``ks`` (default: every divisor of the
@@ -229,11 +249,13 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
     fits. Each that fits is priced at its better grid (``price_hybrid``; on a graph of
     repeated blocks, the module docstring), and those within :data:`MAPPED_WITHIN` of the
     fastest are laid out by the machine-mapping DP too.
-    ``graph_for(k)`` is the graph at the micro-batch size of ``k`` micro-batches."""
+    ``graph_for(k)`` is the graph at the micro-batch size of ``k`` micro-batches; with
+    ``rewrite`` (:data:`Rewrite`), it is the rewrite of ``rewrite[0](k)``, and what is
+    shortened is that graph before the rewrite."""
     n = cluster.num_devices
     ks = sorted(ks) if ks is not None else [d for d in range(1, batch + 1) if batch % d == 0]
     degrees = sorted({td for k in ks for td in hybrid_degrees(n, batch // k)})
-    u = _Uniforms(graph_for, cluster, config)
+    u = _Uniforms(graph_for, cluster, config, rewrite)
 
     def fits(k: int, tp: int, dp: int, z: int, r: Recompute, s: int) -> bool:
         return u.fits(u.layout(k, tp, dp), z, r, s)
