@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -18,10 +19,11 @@ from unity_cli.ir import DType
 from unity_cli.ir.blocks import blocks, shortened
 from unity_cli.ir.ops.sources import WeightAttrs
 from unity_cli.plan.plan import load_plan
-from unity_cli.search.folded import SEARCH_KEPT, _Lengthen
+from unity_cli.search.folded import SEARCH_KEPT, _Lengthen, rewritten_whole
 from unity_cli.search.joint import Applied
 from unity_cli.search.optimize import HYBRID
-from unity_cli.search.step import optimize_step
+from unity_cli.search.step import attention_rewritten, optimize_step
+from unity_cli.substitutions.cache import load_cache
 
 CONFIG = CostConfig(DType.FLOAT32, Optimizer.ADAM)
 
@@ -98,3 +100,14 @@ def test_a_folded_plan_trains_like_one_process(tmp_path, ranks):
     assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"] == loaded.comm_bytes
     assert doc["memory_bytes"]["parts"]["measured"] == doc["memory_bytes"]["parts"]["predicted"]
     assert np.isfinite(loaded.predicted["step_time_ms"])
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+def test_a_rewrite_of_every_layer_made_on_a_few_and_lengthened_is_the_rewrite_of_all(tmp_path, family):
+    whole = deep(tmp_path, family, 7)
+    rewrite = partial(attention_rewritten, rules=load_cache(None).rules)
+    want, want_path = rewrite(whole)
+    got, got_path = rewritten_whole(whole, rewrite)
+    assert want_path and got.canonical_hash == want.canonical_hash
+    assert sorted((a.rule_id, a.at) for a in got_path) == sorted((a.rule_id, a.at) for a in want_path)
+    assert rewritten_whole(deep(tmp_path, family, 3), rewrite) is None      # too few layers to shorten

@@ -58,12 +58,12 @@ class Blocks:
     run: Run | None
 
 
-def blocks(pcg: PCG, layout: Sequence[int | None] | None = None) -> Blocks:
-    """The segments of ``pcg`` (``layout``: ``layout_sources(pcg)``), their keys and run."""
-    layout = layout_sources(pcg) if layout is None else layout
+def blocks(pcg: PCG, least: int = MIN_BLOCKS) -> Blocks:
+    """The segments of ``pcg``, their keys and its run (of at least ``least`` blocks)."""
+    layout = layout_sources(pcg)
     segs = segments(pcg, layout)
     keys = segment_keys(pcg, layout, segs)
-    return Blocks(segs, keys, find_run(keys))
+    return Blocks(segs, keys, find_run(keys, least))
 
 
 def segment_keys(pcg: PCG, layout: Sequence[int | None], segs: Sequence[Sequence[int]]) -> tuple[tuple, ...]:
@@ -139,6 +139,15 @@ def find_run(keys: Sequence[tuple], least: int = MIN_BLOCKS) -> Run | None:
                 best = Run(s, p, count)
             s = e + 1
     return best
+
+
+def shortened_limit(limit: int, start: int, period: int, dropped: int) -> int:
+    """A count of segments recomputed (the first ``limit``; 0: all) of a graph, on it with
+    ``dropped`` blocks of ``period`` segments fewer in its run (which starts at segment
+    ``start``): what the dropped blocks recomputed comes off it, the rest stays."""
+    if limit == 0 or limit <= start:
+        return limit
+    return max(limit - dropped * period, start)
 
 
 def shortened(pcg: PCG, found: Blocks, keep: int) -> PCG:

@@ -15,6 +15,7 @@ lengthened, or that comes out slower on the whole graph than the best uniform co
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -22,12 +23,10 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec
 from ..cost.model import CostConfig, estimate
-from ..ir.blocks import Blocks, blocks, find_run, lengthened, likes, segment_keys, shortened
+from ..ir.blocks import Blocks, blocks, lengthened, likes, shortened, shortened_limit
 from ..ir.machine_view import devices_used
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG
-from ..ir.recompute import segments
-from ..ir.schedule import layout_sources
 from ..ir.validate import validate
 from .baselines import Strategy, hybrid, retrained
 from .joint import Applied, faster
@@ -37,13 +36,6 @@ from .uniform import Uniform
 SEARCH_KEPT = 3
 """The blocks of the run the searches see: the first (what it reads comes from outside the
 run), a middle one, and the last (what reads it is outside too)."""
-
-
-def _run_of(pcg: PCG, least: int) -> Blocks:
-    layout = layout_sources(pcg)
-    segs = segments(pcg, layout)
-    keys = segment_keys(pcg, layout, segs)
-    return Blocks(segs, keys, find_run(keys, least=least))
 
 
 def _weights(pcg: PCG) -> list[str]:
@@ -81,7 +73,7 @@ class _Lengthen:
     def pcg(self, pcg: PCG) -> tuple[PCG, tuple[int, ...]] | None:
         """``pcg`` lengthened, and per node the node it copies; None where its blocks are not
         alike, or the copies would not read the whole graph's weights, each once."""
-        found = _run_of(pcg, 2)
+        found = blocks(pcg, least=2)
         if found.run is None:
             return None
         longer, origin = lengthened(pcg, found, self.times, lambda j, v: self.rename(j, v, pcg))
@@ -105,6 +97,21 @@ class _Lengthen:
         return tuple(out)
 
 
+def rewritten_whole(whole: PCG, rewrite: Callable[[PCG], tuple[PCG, tuple[Applied, ...]]]
+                    ) -> tuple[PCG, tuple[Applied, ...]] | None:
+    """``rewrite(whole)``, made on ``whole`` shortened to :data:`SEARCH_KEPT` blocks and
+    lengthened back (a rewrite of every layer, such as the attention rewrite, then rewrites
+    a few, not all of them); None where ``whole`` has no run of more, or the rewritten
+    graph's blocks are not alike."""
+    found = blocks(whole)
+    if found.run is None or found.run.count <= SEARCH_KEPT:
+        return None
+    short, path = rewrite(shortened(whole, found, SEARCH_KEPT))
+    grow = _Lengthen(whole, found, SEARCH_KEPT)
+    made = grow.pcg(short)
+    return None if made is None else (made[0], grow.path(path))
+
+
 def folded_search(whole: PCG, cluster: ClusterSpec, config: CostConfig, uniform: Uniform, strategy: str,
                   search: dict[str, Any]) -> SearchResult | None:
     """The search of ``whole`` at the best uniform configuration's step shape, run on it
@@ -121,9 +128,9 @@ def folded_search(whole: PCG, cluster: ClusterSpec, config: CostConfig, uniform:
     laid = hybrid(short, tp, dp)
     limit = train.recompute_segments
     if limit:       # the same layers recomputed: those the dropped blocks held come off the count
-        run = _run_of(laid.pcg, 2).run
-        if run is not None and limit > run.start:
-            limit = max(run.start, limit - (found.run.count - SEARCH_KEPT) * run.period)
+        run = blocks(laid.pcg, least=2).run
+        if run is not None:
+            limit = shortened_limit(limit, run.start, run.period, found.run.count - SEARCH_KEPT)
     train_short = replace(train, recompute_segments=limit)
     short_row = price_hybrid(retrained(laid, train_short), cluster, replace(config, training=train_short),
                              mapped=True, dp_mapped=False)
@@ -142,17 +149,23 @@ def folded_search(whole: PCG, cluster: ClusterSpec, config: CostConfig, uniform:
     whole_config = replace(config, training=train)
     rows: dict[str, Candidate] = {HYBRID: row}
     missing = list(got.not_priced)
+    priced: dict[tuple, tuple | None] = {}     # rows that are one plan are lengthened and priced once
     for name, cand in got.candidates.items():
         if name == HYBRID:
             continue
-        made = grow.pcg(cand.baseline.pcg)
-        if made is None:
+        key = (cand.baseline.pcg.node_hashes, cand.views)
+        if key not in priced:
+            made = grow.pcg(cand.baseline.pcg)
+            if made is not None:
+                longer, origin = made
+                views = tuple(cand.views[o] for o in origin)
+                made = (longer, views, estimate(longer, views, cluster, whole_config))
+            priced[key] = made
+        if priced[key] is None:
             missing.append(name)
             continue
-        longer, origin = made
-        views = tuple(cand.views[o] for o in origin)
-        rows[name] = Candidate(replace(cand.baseline, pcg=longer, devices=devices_used(longer, views)), views,
-                               estimate(longer, views, cluster, whole_config))
+        longer, views, report = priced[key]
+        rows[name] = Candidate(replace(cand.baseline, pcg=longer, devices=devices_used(longer, views)), views, report)
     # the short search's choice (its rewrites are known) or a row without rewrites, the
     # fastest on the whole graph; held to the best uniform configuration, as every search is
     name = got.chosen.baseline.name if strategy == Strategy.BEST else strategy

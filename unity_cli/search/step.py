@@ -14,12 +14,15 @@
    chosen plan is then priced at each free ZeRO stage (the same parallelization, its state
    sharded otherwise) and the fastest that fits is kept.
 
-Both moves run on the graph as given and, where it holds an attention chain, on the graph
-with every chain made one memory-efficient Attention (:func:`attention_rewritten`: the
-verified rules of ``substitutions/attention_rules.py``, applied wherever they match). That
-rewrite changes what fits, and so the shape and the parallelization: the faster best
-configuration decides which graph the search starts from, and its rewrites head the plan's
-path (proved before the plan is written, as every rewrite is).
+Where the graph holds an attention chain, both moves run on the graph with every chain made
+one memory-efficient Attention (:func:`attention_rewritten`: the verified rules of
+``substitutions/attention_rules.py``, applied wherever they match), as ``--strategy``
+prices a configuration a person writes (people train with FlashAttention), and its
+rewrites head the plan's path (proved before the plan is written, as every rewrite is). The
+rewrite changes what fits, and so the shape and the parallelization; no uniform
+configuration is slower or needs more memory with it (``tests/search/test_step.py`` holds
+the rewritten graph to that on every configuration of the small decoders), so the graph
+as given is not priced beside it.
 
 Where no uniform configuration fits, the search itself looks for the shape: the fewest
 micro-batches with which its plan fits, at the leanest stage, without and with
@@ -30,6 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from ..cluster.spec import ClusterSpec
@@ -43,7 +47,7 @@ from ..ir.validate import validate
 from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
 from .baselines import Strategy
-from .folded import folded_search
+from .folded import folded_search, rewritten_whole
 from .joint import Applied, faster, rank
 from .optimize import SEARCHES, Candidate, SearchResult, optimize
 from .uniform import MODES, Mode, _fewest, best_uniform
@@ -110,19 +114,21 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     rules = search.get("rules", ())
 
     def attention_for(k: int) -> PCG:
-        if k not in rewritten:
-            rewritten[k] = attention_rewritten(graph_for(k), rules)
+        if k not in rewritten:     # (a decoder's layers rewritten as one, lengthened)
+            rewrite = partial(attention_rewritten, rules=rules)
+            rewritten[k] = rewritten_whole(graph_for(k), rewrite) or rewrite(graph_for(k))
         return rewritten[k][0]
 
     budget = search.get("budget")
     try:
         with ceiling(None if budget is None else (search.get("started") or time.monotonic()) + UNIFORM_SHARE * budget):
-            # on the graph as given and, where it holds an attention chain, with every chain
-            # one memory-efficient Attention: the rewrite decides what fits, so both are priced
-            found = [(best_uniform(graph_for, batch, cluster, config, stages, ks, modes), graph_for)]
+            # a configuration a person writes, priced as ``--strategy`` prices it: where the
+            # model holds an attention chain, with every chain one memory-efficient Attention
             if has_attention(graph_for(ks[0]), rules):
-                found.append((best_uniform(attention_for, batch, cluster, config, stages, ks, modes,
-                                           (graph_for, lambda g: attention_rewritten(g, rules)[0])), attention_for))
+                found = [(best_uniform(attention_for, batch, cluster, config, stages, ks, modes,
+                                       (graph_for, lambda g: attention_rewritten(g, rules)[0])), attention_for)]
+            else:
+                found = [(best_uniform(graph_for, batch, cluster, config, stages, ks, modes), graph_for)]
     except OutOfTime:   # the searches plan the plain step with the time left
         train = Training(stages[0], ks[0], modes[0][0], modes[0][1] or 0)
         return optimize(graph_for(ks[0]), cluster, replace(config, training=train), strategy, **search), ks[0]

@@ -29,7 +29,7 @@ from ..cost.memory import MemoryTable, memory_table
 from ..cost.model import CostConfig, estimate
 from ..deadline import check
 from ..errors import UnityError
-from ..ir.blocks import Blocks, blocks, find_run, segment_keys, shortened
+from ..ir.blocks import Blocks, blocks, shortened, shortened_limit
 from ..ir.pcg import PCG
 from ..ir.recompute import Recompute, segments
 from ..ir.schedule import layout_sources, needs_grad
@@ -99,7 +99,7 @@ def _fewest(ks: Sequence[int], fits: Callable[[int], bool]) -> int | None:
 @dataclass(frozen=True)
 class _Layout:
     """One ``tp=T,dp=D`` hybrid at one micro-batch count, as priced: on the whole graph, or
-    (``run`` set) on the graph shortened to ``KEPT[0]`` blocks, with ``deeper`` at ``KEPT[1]``."""
+    (``deeper`` set) on the graph shortened to ``KEPT[0]`` blocks, with ``deeper`` at ``KEPT[1]``."""
 
     baseline: Baseline
     deeper: Baseline | None = None
@@ -112,11 +112,14 @@ class _Layout:
     def folded(self) -> bool:
         return self.deeper is not None
 
-    def whole_limit(self, limit: int, keep: int) -> int:
+    @property
+    def whole_end(self) -> int:
+        """The segment after the run's last, on the whole graph."""
+        return self.end + self.dropped * self.period
+
+    def short_limit(self, limit: int, keep: int) -> int:
         """``limit`` (segments recomputed, of the whole graph) on the graph of ``keep`` blocks."""
-        if not self.folded or limit == 0 or limit <= self.start:
-            return limit
-        return max(limit - (self.dropped + KEPT[0] - keep) * self.period, self.start)
+        return shortened_limit(limit, self.start, self.period, self.dropped + KEPT[0] - keep) if self.folded else limit
 
 
 class _Uniforms:
@@ -156,11 +159,7 @@ class _Uniforms:
         if found.run is None or found.run.count <= KEPT[1]:
             return _Layout(hybrid(self.graph_for(k), tp, dp))
         short, deeper = (hybrid(self._short(k, keep), tp, dp) for keep in KEPT)
-        runs = []
-        for b, keep in ((short, KEPT[0]), (deeper, KEPT[1])):
-            layout = layout_sources(b.pcg)
-            runs.append(find_run(segment_keys(b.pcg, layout, segments(b.pcg, layout)), least=keep - 1))
-        a, c = runs
+        a, c = (blocks(b.pcg, least=keep - 1).run for b, keep in ((short, KEPT[0]), (deeper, KEPT[1])))
         if a is None or c is None or (a.start, a.period, a.end + a.period) != (c.start, c.period, c.end):
             return _Layout(hybrid(self.graph_for(k), tp, dp))   # the hybrid's blocks are not alike: price it whole
         return _Layout(short, deeper, a.start, a.end, a.period, found.run.count - KEPT[0])
@@ -209,14 +208,14 @@ class _Uniforms:
             return price_hybrid(retrained(lay.baseline, train), self.cluster, self.shaped(train), mapped=True,
                                 dp_mapped=False)
         limit = train.recompute_segments
-        if limit and lay.start < limit < lay.end + lay.dropped * lay.period:
+        if limit and lay.start < limit < lay.whole_end:
             # some of the run recomputed: as far between none and all of it as it goes
-            lo, hi = lay.start, lay.end + lay.dropped * lay.period
+            lo, hi = lay.start, lay.whole_end
             t_lo = self.priced(lay, replace(train, recompute_segments=lo) if lo else
                                replace(train, recompute=Recompute.NONE, recompute_segments=0))
             t_hi = self.priced(lay, replace(train, recompute_segments=hi))
             return t_lo + (t_hi - t_lo) * (limit - lo) / (hi - lo)
-        times = [self._grids(b, replace(train, recompute_segments=lay.whole_limit(limit, keep)))
+        times = [self._grids(b, replace(train, recompute_segments=lay.short_limit(limit, keep)))
                  for b, keep in ((lay.baseline, KEPT[0]), (lay.deeper, KEPT[1]))]
         grow = lay.dropped - (KEPT[1] - KEPT[0])
         return min(t2 + grow * (t2 - t1) for t1, t2 in zip(*times, strict=True))
