@@ -84,7 +84,7 @@ def test_a_block_too_many_or_too_few_is_caught(tmp_path):
 def test_the_extrapolated_step_is_close_to_the_whole_graphs(tmp_path, family, cluster):
     graph_for, c = _graphs(tmp_path, family, 7, 6), load_cluster(cluster)
     u = _Uniforms(graph_for, c, CONFIG)
-    worst = 0.0
+    worst, checked = 0.0, 0
     for tp, dp in hybrid_degrees(c.num_devices, 6):
         lay = u.layout(1, tp, dp)
         if lay is None or not lay.folded:
@@ -96,7 +96,8 @@ def test_the_extrapolated_step_is_close_to_the_whole_graphs(tmp_path, family, cl
             want = price_hybrid(retrained(full, train), c, replace(CONFIG, training=train), mapped=True,
                                 dp_mapped=False).report.step_time
             worst = max(worst, abs(got / want - 1))
-    assert worst < 0.02
+            checked += 1
+    assert checked >= 8 and worst < 0.02
 
 
 def test_the_row_is_the_brute_force_best(tmp_path):

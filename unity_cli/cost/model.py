@@ -47,8 +47,8 @@ from .strides import as_run
 from .strides import copies as runtime_copies
 
 __all__ = ["MEMORY_PARTS", "CostConfig", "CostContext", "CostReport", "Event", "NodeCost", "Optimizer", "Stream",
-           "estimate", "gather_then_replicate", "layout_sources", "memory_account", "memory_per_device", "node_cost",
-           "stored_layout", "updates_per_device"]
+           "device_capacity", "estimate", "gather_then_replicate", "layout_sources", "memory_account",
+           "memory_per_device", "node_cost", "stored_layout", "updates_per_device"]
 
 
 class Optimizer(Enum):
@@ -383,9 +383,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     busiest_compute += update
     memory = memory_per_device(pcg, devs, layout, cluster.num_devices, config)
     infeasible = None
-    caps = _device_types(cluster)[2]
-    if config.memory_limit is not None:
-        caps = np.minimum(caps, config.memory_limit)
+    caps = device_capacity(cluster, config)
     over = np.flatnonzero(np.asarray(memory, dtype=np.int64) > caps)
     if len(over):
         d = int(over[0])
@@ -757,6 +755,12 @@ def _device_types(cluster: ClusterSpec) -> tuple[tuple, np.ndarray, np.ndarray]:
         index[lo:lo + node.devices] = types.index(node.device)
         caps[lo:lo + node.devices] = node.device.memory_capacity
     return tuple(types), index, caps
+
+
+def device_capacity(cluster: ClusterSpec, config: CostConfig) -> np.ndarray:
+    """The bytes each device may hold: its memory, or ``--memory-limit`` where that is less."""
+    caps = _device_types(cluster)[2]
+    return caps if config.memory_limit is None else np.minimum(caps, config.memory_limit)
 
 
 def update_seconds(numel: int, device, config: CostConfig, synced: bool = False) -> float:

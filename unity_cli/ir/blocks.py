@@ -60,21 +60,44 @@ class Blocks:
 
 def blocks(pcg: PCG, least: int = MIN_BLOCKS) -> Blocks:
     """The segments of ``pcg``, their keys and its run (of at least ``least`` blocks)."""
-    layout = layout_sources(pcg)
-    segs = segments(pcg, layout)
-    keys = segment_keys(pcg, layout, segs)
+    segs = segments(pcg, layout_sources(pcg))
+    keys = segment_keys(pcg, segs)
     return Blocks(segs, keys, find_run(keys, least))
 
 
-def segment_keys(pcg: PCG, layout: Sequence[int | None], segs: Sequence[Sequence[int]]) -> tuple[tuple, ...]:
+@dataclass(frozen=True)
+class _Places:
+    """Where each node of a graph is: an operator's segment and position in it (``where``),
+    and the segments that read each node (through layouts, for a source: ``readers``)."""
+
+    acts: frozenset[int]
+    where: dict[int, tuple[int, int]]
+    readers: list[set[int]]
+
+    @staticmethod
+    def of(pcg: PCG, segs: Sequence[Sequence[int]]) -> _Places:
+        where = {i: (s, y) for s, seg in enumerate(segs) for y, i in enumerate(seg)}
+        acts = frozenset(activation_nodes(pcg, layout_sources(pcg)))
+        readers: list[set[int]] = [set() for _ in pcg.nodes]
+        for i in range(len(pcg) - 1, -1, -1):
+            for u, _ in pcg.consumers[i]:
+                readers[i] |= {where[u][0]} if u in acts else readers[u]
+        return _Places(acts, where, readers)
+
+    def shared(self, u: int) -> bool:
+        """Whether segments other than its own read node ``u`` from more than one place (a
+        mask, a rotary table, a tied embedding): a block reads it as that node, not its like."""
+        own = self.where[u][0] if u in self.where else None
+        return len(self.readers[u] - {own}) > 1
+
+    def owned(self, segs: set[int]) -> list[int]:
+        """The sources and layouts that only segments of ``segs`` read (and something does)."""
+        return [i for i, r in enumerate(self.readers) if i not in self.acts and r and r <= segs]
+
+
+def segment_keys(pcg: PCG, segs: Sequence[Sequence[int]]) -> tuple[tuple, ...]:
     """Each segment's key (the module docstring)."""
-    seg_of: dict[int, int] = {}
-    pos: dict[int, int] = {}
-    for s, seg in enumerate(segs):
-        for y, i in enumerate(seg):
-            seg_of[i], pos[i] = s, y
-    acts = set(activation_nodes(pcg, layout))
-    readers = _readers(pcg, acts, seg_of)
+    at = _Places.of(pcg, segs)
     local: dict[int, tuple] = {}
 
     def own(u: int) -> tuple:
@@ -95,30 +118,16 @@ def segment_keys(pcg: PCG, layout: Sequence[int | None], segs: Sequence[Sequence
             ins = []
             for r in n.inputs:
                 u = r.node
-                if _shared(u, readers, seg_of):
+                if at.shared(u):
                     ins.append(("node", u, r.index))
-                elif u in acts:
-                    ins.append(("back", s - seg_of[u], pos[u], r.index))
+                elif u in at.acts:
+                    t, y = at.where[u]
+                    ins.append(("back", s - t, y, r.index))
                 else:
                     ins.append(("own", own(u), r.index))
             key.append((attrs_key(n.op), tuple(map(str, n.outputs)), tuple(ins)))
         keys.append(tuple(key))
     return tuple(keys)
-
-
-def _readers(pcg: PCG, acts: set[int], seg_of: dict[int, int]) -> list[set[int]]:
-    """The segments that read each node (through layouts, for a source)."""
-    readers: list[set[int]] = [set() for _ in pcg.nodes]
-    for i in range(len(pcg) - 1, -1, -1):
-        for u, _ in pcg.consumers[i]:
-            readers[i] |= {seg_of[u]} if u in acts else readers[u]
-    return readers
-
-
-def _shared(u: int, readers: list[set[int]], seg_of: dict[int, int]) -> bool:
-    """Whether segments other than its own read node ``u`` from more than one place (a
-    mask, a rotary table, a tied embedding): a block reads it as that node, not its like."""
-    return len(readers[u] - {seg_of.get(u)}) > 1
 
 
 def find_run(keys: Sequence[tuple], least: int = MIN_BLOCKS) -> Run | None:
@@ -158,23 +167,14 @@ def shortened(pcg: PCG, found: Blocks, keep: int) -> PCG:
     assert run is not None and 1 <= keep <= run.count
     if keep == run.count:
         return pcg
-    layout = layout_sources(pcg)
-    acts = set(activation_nodes(pcg, layout))
+    at = _Places.of(pcg, found.segments)
     shift = (run.count - keep) * run.period
-    first_dropped = run.start + keep * run.period
-    where: dict[int, tuple[int, int]] = {}
-    for s, seg in enumerate(found.segments):
-        for y, i in enumerate(seg):
-            where[i] = (s, y)
-    dropped = {i for i, (s, _) in where.items() if first_dropped <= s < run.end}
-    # a source or layout goes with its readers, if every one of them goes
-    for i in range(len(pcg) - 1, -1, -1):
-        users = pcg.consumers[i]
-        if i not in acts and users and all(u in dropped for u, _ in users):
-            dropped.add(i)
+    gone = set(range(run.start + keep * run.period, run.end))
+    # the dropped blocks' operators, and the sources and layouts only they read
+    dropped = {i for i, (s, _) in at.where.items() if s in gone} | set(at.owned(gone))
 
     def like(i: int) -> int:
-        s, y = where[i]
+        s, y = at.where[i]
         if s - shift < run.start:
             raise ValueError(f"node {i} ({pcg.nodes[i].name or pcg.nodes[i].kind}) is read past the run's last "
                              "block: it has no like in a kept one")
@@ -206,18 +206,13 @@ def lengthened(pcg: PCG, found: Blocks, times: int, rename: Callable[[int, int],
     assert run is not None and times >= 0
     if times == 0:
         return pcg, tuple(range(len(pcg)))
-    layout = layout_sources(pcg)
-    acts = set(activation_nodes(pcg, layout))
-    where = {i: (s, y) for s, seg in enumerate(found.segments) for y, i in enumerate(seg)}
-    seg_of = {i: s for i, (s, _) in where.items()}
-    readers = _readers(pcg, acts, seg_of)
+    at = _Places.of(pcg, found.segments)
     block = set(range(run.end - run.period, run.end))
-    members = sorted([i for i in range(len(pcg)) if i not in acts and readers[i] and readers[i] <= block] +
-                     [i for s in sorted(block) for i in found.segments[s]])
+    members = sorted(at.owned(block) + [i for s in sorted(block) for i in found.segments[s]])
     last = members[-1]
     b = GraphBuilder()
     new: dict[int, int] = {}
-    at: dict[tuple[int, int], int] = {}       # (segment, position) of the longer graph -> its node
+    longer: dict[tuple[int, int], int] = {}     # (segment, position) of the longer graph -> its node
     origin: list[int] = []
 
     def emit(i: int, ins: list[TensorRef], named: tuple[Any, str] | None = None) -> int:
@@ -229,15 +224,15 @@ def lengthened(pcg: PCG, found: Blocks, times: int, rename: Callable[[int, int],
     def shifted(u: int, blocks: int, inside: bool) -> int | None:
         """The like of operator ``u`` ``blocks`` blocks on (None: ``u`` is read as itself: a
         source, a shared node, or, unless read from inside the run, a node outside it)."""
-        if u not in where or _shared(u, readers, seg_of) or not (inside or run.start <= where[u][0] < run.end):
+        if u not in at.where or at.shared(u) or not (inside or run.start <= at.where[u][0] < run.end):
             return None
-        s, y = where[u]
-        return at[s + blocks * run.period, y]
+        s, y = at.where[u]
+        return longer[s + blocks * run.period, y]
 
     for i in range(last + 1):
         new[i] = emit(i, [TensorRef(new[r.node], r.index) for r in pcg.nodes[i].inputs])
-        if i in where:
-            at[where[i]] = new[i]
+        if i in at.where:
+            longer[at.where[i]] = new[i]
     for j in range(1, times + 1):
         copy: dict[int, int] = {}
         for v in members:
@@ -248,9 +243,9 @@ def lengthened(pcg: PCG, found: Blocks, times: int, rename: Callable[[int, int],
                     u = shifted(r.node, j, inside=True)
                 ins.append(TensorRef(new[r.node] if u is None else u, r.index))
             copy[v] = emit(v, ins, rename(j, v) if rename else None)
-            if v in where:
-                s, y = where[v]
-                at[s + j * run.period, y] = copy[v]
+            if v in at.where:
+                s, y = at.where[v]
+                longer[s + j * run.period, y] = copy[v]
 
     def ref(r: TensorRef) -> TensorRef:
         u = shifted(r.node, times, inside=False)
@@ -268,21 +263,17 @@ def likes(pcg: PCG, found: Blocks) -> Callable[[int, int], int | None]:
     shared, or past its end)."""
     run = found.run
     assert run is not None
-    layout = layout_sources(pcg)
-    acts = set(activation_nodes(pcg, layout))
-    where = {i: (s, y) for s, seg in enumerate(found.segments) for y, i in enumerate(seg)}
-    seg_of = {i: s for i, (s, _) in where.items()}
-    readers = _readers(pcg, acts, seg_of)
+    at = _Places.of(pcg, found.segments)
 
     def like(i: int, j: int) -> int | None:
-        if i in where:
-            s, y = where[i]
+        if i in at.where:
+            s, y = at.where[i]
             t = s + j * run.period
-            if _shared(i, readers, seg_of) or not (run.start <= s < run.end and run.start <= t < run.end) \
+            if at.shared(i) or not (run.start <= s < run.end and run.start <= t < run.end) \
                     or y >= len(found.segments[t]):
                 return None
             return found.segments[t][y]
-        if not readers[i] or len(readers[i]) > 1:
+        if not at.readers[i] or len(at.readers[i]) > 1:
             return None
         u, k = min(pcg.consumers[i])            # its first reader, and where it reads it
         twin = like(u, j)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostConfig, estimate
+from ..cost.model import CostConfig, device_capacity, estimate
 from ..ir.blocks import Blocks, blocks, lengthened, likes, shortened, shortened_limit
 from ..ir.machine_view import devices_used
 from ..ir.ops.sources import WeightAttrs
@@ -97,14 +97,20 @@ class _Lengthen:
         return tuple(out)
 
 
+def _folded(whole: PCG) -> Blocks | None:
+    """``whole``'s blocks, where its run has more than :data:`SEARCH_KEPT` to drop."""
+    found = blocks(whole)
+    return found if found.run is not None and found.run.count > SEARCH_KEPT else None
+
+
 def rewritten_whole(whole: PCG, rewrite: Callable[[PCG], tuple[PCG, tuple[Applied, ...]]]
                     ) -> tuple[PCG, tuple[Applied, ...]] | None:
     """``rewrite(whole)``, made on ``whole`` shortened to :data:`SEARCH_KEPT` blocks and
     lengthened back (a rewrite of every layer, such as the attention rewrite, then rewrites
     a few, not all of them); None where ``whole`` has no run of more, or the rewritten
     graph's blocks are not alike."""
-    found = blocks(whole)
-    if found.run is None or found.run.count <= SEARCH_KEPT:
+    found = _folded(whole)
+    if found is None:
         return None
     short, path = rewrite(shortened(whole, found, SEARCH_KEPT))
     grow = _Lengthen(whole, found, SEARCH_KEPT)
@@ -117,8 +123,8 @@ def folded_search(whole: PCG, cluster: ClusterSpec, config: CostConfig, uniform:
     """The search of ``whole`` at the best uniform configuration's step shape, run on it
     shortened (the module docstring); None where it has no run of more than
     :data:`SEARCH_KEPT` blocks, or the shortened row leaves no memory to search in."""
-    found = blocks(whole)
-    if found.run is None or found.run.count <= SEARCH_KEPT:
+    found = _folded(whole)
+    if found is None:
         return None
     short = shortened(whole, found, SEARCH_KEPT)
     train, row = uniform.training, uniform.row
@@ -137,10 +143,7 @@ def folded_search(whole: PCG, cluster: ClusterSpec, config: CostConfig, uniform:
     short_row = replace(short_row, baseline=replace(short_row.baseline, name=HYBRID,
                                                     description=row.baseline.description))
     extra = np.asarray(row.report.memory) - np.asarray(short_row.report.memory)
-    caps = np.array([cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)])
-    if config.memory_limit is not None:
-        caps = np.minimum(caps, config.memory_limit)
-    room = int((caps - extra).min())
+    room = int((device_capacity(cluster, config) - extra).min())
     if room <= 0:
         return None
     shaped = replace(config, training=train_short, memory_limit=room)

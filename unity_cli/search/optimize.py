@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostConfig, CostReport, estimate, layout_sources, memory_per_device
+from ..cost.model import CostConfig, CostReport, device_capacity, estimate, layout_sources, memory_per_device
 from ..deadline import OutOfTime, ceiling, check
 from ..errors import InfeasibleError, ShapeError, UsageError
 from ..ir.machine_view import MachineView, devices_used
@@ -249,11 +251,7 @@ def _peak_memory(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> int | No
     views = default_views(pcg)
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
     memory = memory_per_device(pcg, devs, layout_sources(pcg), cluster.num_devices, config)
-    for d, used in enumerate(memory):
-        cap = cluster.device_type(d).memory_capacity
-        if used > (cap if config.memory_limit is None else min(cap, config.memory_limit)):
-            return max(memory)
-    return None
+    return max(memory) if (np.asarray(memory) > device_capacity(cluster, config)).any() else None
 
 
 def _starts(pcg: PCG, candidates: dict[str, Candidate],

@@ -56,6 +56,7 @@ from ..cost.model import (
     CostContext,
     _compute_time,
     cost_of_phases,
+    device_capacity,
     estimate,
     memory_per_device,
     price_table,
@@ -468,8 +469,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: Mesh
             table, held = tables.edge(keys[u], keys[v], r.index, k, r in grads, options[u], options[v])
             edges.append((u, v, table))
             edge_memory.append(held)
-    caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
-    capacity = float(min(caps) if config.memory_limit is None else min(min(caps), config.memory_limit))
+    capacity = float(device_capacity(cluster, config).min())
     return Problem(pcg, mesh.devices, nodes, options, node_cost, node_memory, tuple(edges), capacity,
                    node_sync, tuple(edge_memory))
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec
 from ..cost.memory import MemoryTable, memory_table
-from ..cost.model import CostConfig, estimate
+from ..cost.model import CostConfig, device_capacity, estimate
 from ..deadline import check
 from ..errors import UnityError
 from ..ir.blocks import Blocks, blocks, shortened, shortened_limit
@@ -129,8 +129,7 @@ class _Uniforms:
                  rewrite: Rewrite | None = None) -> None:
         self.graph_for, self.cluster, self.config = graph_for, cluster, config
         self.source_for, self.rewrite = (graph_for, None) if rewrite is None else rewrite
-        caps = [cluster.device_type(d).memory_capacity for d in range(cluster.num_devices)]
-        self.capacity = np.array([c if config.memory_limit is None else min(c, config.memory_limit) for c in caps])
+        self.capacity = device_capacity(cluster, config)
         self._blocks: dict[int, Blocks] = {}
         self._layouts: dict[tuple[int, int, int], _Layout | None] = {}
         self._totals: dict[tuple, np.ndarray] = {}
