@@ -84,6 +84,7 @@ def test_a_rank_failing_mid_step_ends_the_job(plans):
     r = unity_run(plan, "--steps", "3", env={"UNITY_FAULT_RANK": "1", "UNITY_FAULT_STEP": "1"}, timeout=30)
     assert time.monotonic() - t0 < 30
     assert r.returncode != 0
+    assert errors(r), r.stderr                        # the line reached the user before the abort
     line = errors(r)[0]
     assert line.startswith("error: rank 1:") and "injected fault in step 1" in line
     assert "Traceback" not in r.stderr

@@ -16,7 +16,12 @@ through MPI's pickle-based calls: they are never on the hot path.
 """
 from __future__ import annotations
 
+import fcntl
+import os
+import stat
 import sys
+import termios
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -132,10 +137,34 @@ class Comm(ABC):
         self.world.Recv(arr, source=source, tag=tag)
 
     def abort(self, code: int = 1) -> None:
-        """End every rank of the job now (a rank failed mid-step; the others may be waiting)."""
+        """End every rank of the job now (a rank failed mid-step; the others may be waiting).
+        Under mpiexec this rank's error line must reach the user before the job is torn down:
+        ``_drained`` waits until the launcher has read what was written."""
         sys.stderr.flush()
         sys.stdout.flush()
+        _drained(sys.stderr.fileno())
+        _drained(sys.stdout.fileno())
         self.world.Abort(code)
+
+
+def _drained(fd: int, most: float = 5.0) -> None:
+    """Wait until the pipe ``fd`` writes into has been read empty (at most ``most`` seconds).
+    mpiexec's proxy forwards a rank's output as it reads it; a pipe still holding bytes when
+    ``MPI_Abort`` kills the job loses them, and with them the one line saying why. This waits on
+    an event (the pipe emptied), not on a guess of how long forwarding takes; ``most`` only
+    bounds a reader that stopped reading. Not a pipe (a terminal, a file): nothing to wait for."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        end = time.monotonic() + most
+        left = bytearray(4)
+        while time.monotonic() < end:
+            fcntl.ioctl(fd, termios.FIONREAD, left)       # Linux: bytes unread in the pipe, either end
+            if int.from_bytes(left, sys.byteorder) == 0:
+                return
+            time.sleep(0.01)
+    except OSError:
+        return
 
 
 def _returning(comm: Any) -> Any:
