@@ -420,3 +420,28 @@ def test_micro_batches_repeat_forward_and_backward_not_the_sync(tiny_mlp, dgx8, 
     assert many.compute_time == pytest.approx(k * (one.compute_time - update) + update, rel=1e-12)
     assert many.memory == one.memory and many.training.micro_batches == k
     assert len(many.events) < 2 * len(one.events) + 8     # the first micro-batch stands for the others
+
+
+def test_every_shape_of_step_shares_the_node_prices_and_gets_its_own_answer():
+    """The node price table is shared by every micro-batch count, ZeRO stage, recomputation
+    and bucket size (they order and repeat a node's work, they do not change it): each step
+    priced after all the others is priced as it is alone, with an empty table."""
+    from unity_cli.cost import model
+    cluster = load_cluster(SPECS / "dgx-a100-8.yaml").first(4)
+    pcg = import_model_proto(zoo.build("gpt3-175b", "small", 4).model, ImportOptions(4)).pcg
+    b = data_parallel(pcg, cluster)
+    views = default_views(b.pcg)
+    shapes = [CostConfig(training=Training(z, 1, r)) for z in (0, 2, 3) for r in (Recompute.NONE, Recompute.FULL)]
+    shapes += [CostConfig(sync_bucket=0, memory_limit=1 << 20)]
+
+    def seen(report):
+        return report.step_time, report.memory, report.comm_bytes, report.events, report.feasible
+
+    alone = []
+    for config in shapes:
+        model._tables.cache_clear()
+        alone.append(seen(estimate(b.pcg, views, cluster, config)))
+    model._tables.cache_clear()
+    together = [seen(estimate(b.pcg, views, cluster, config)) for config in shapes]
+    assert together == alone
+    assert len({t[0] for t in together}) > 3                 # the shapes price differently

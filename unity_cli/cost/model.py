@@ -167,11 +167,20 @@ class CostContext:
         """Per trainable weight, the passes of a micro-batch that read it (``ir/recompute.py``)."""
         return weight_passes(self.pcg, self.layout, self.recomputed)
 
+    def __getstate__(self) -> dict:
+        # The shared price table stays with the process that filled it: a context sent to
+        # another (search/workers.py) starts an empty one.
+        return {**self.__dict__, "cache": {}}
+
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
         st = Structure.of(pcg, cluster.num_devices, config.loss, runtime_copies(pcg, cluster))
+        # A node's price (its compute and its moves) is the same however the step is shaped:
+        # micro-batches, ZeRO stage, recomputation and bucket size order and repeat its work,
+        # they do not change it; so every shape of step shares one table.
+        alike = replace(config, memory_limit=None, sync_bucket=None, training=Training())
         return CostContext(pcg, cluster, config, st.layout, st.pairs, st,
-                           price_table(cluster, config, "nodes", NODE_CACHE_LIMIT))
+                           price_table(cluster, alike, "nodes", NODE_CACHE_LIMIT))
 
 
 @functools.lru_cache(maxsize=8)
@@ -714,8 +723,9 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         for b in flat:
             for w in b.weights:
                 sharded.setdefault(w, set()).update(b.group)
-            for d in b.group:
-                t[d] += update_seconds(b.shard(), cluster.device_type(d), config)
+            shard = b.shard()
+            ix = device_array(b.group)
+            np.add.at(t, ix, np.array([update_seconds(shard, ty, config) for ty in types])[index[ix]])
     for i in _updated(pcg, layout):
         per_type = np.array([update_seconds(pcg.nodes[i].outputs[0].piece.numel, ty, config) for ty in types])
         skip = sharded.get(layout[i], set())

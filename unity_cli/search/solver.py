@@ -82,6 +82,7 @@ from .groups import Grouping, group_ranges, groupings
 from .mesh import Mesh, factorizations
 from .reshard import reshard
 from .views import default_views
+from .workers import fork_map, in_worker, large
 
 COPY = "copy"
 
@@ -339,6 +340,20 @@ class Tables:
                           key=lambda t: t.flops(config.dtype.value))
         self.nodes = price_table(cluster, config, "solver nodes", SHARED_LIMIT)
         self.edges = price_table(cluster, config, "solver edges", SHARED_LIMIT)
+
+    def _shared(self) -> tuple[dict, ...]:
+        return self.nodes, self.edges, self.pricer._cache, self.pricer._units
+
+    def taken(self, known: tuple[frozenset, ...]) -> tuple[dict, ...]:
+        """What was priced beyond the keys ``known`` (in a worker: what it adds to the run's tables)."""
+        return tuple({k: v for k, v in d.items() if k not in seen} for d, seen in zip(self._shared(), known))
+
+    def known(self) -> tuple[frozenset, ...]:
+        return tuple(frozenset(d) for d in self._shared())
+
+    def merge(self, taken: tuple[dict, ...]) -> None:
+        for d, new in zip(self._shared(), taken):
+            d.update(new)
 
     def node(self, pcg: PCG, i: int, mesh: Mesh, returned: bool,
              grads: frozenset[TensorRef], copies: bool = False, again: Again = Again.NO) -> tuple:
@@ -724,9 +739,16 @@ def solve(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(),
     groups (:func:`regroup`)."""
     n = devices or cluster.num_devices
     tables = tables or Tables(cluster, config)
+    known = tables.known() if large(n) else ()
+
+    def mesh_solutions(mesh: Mesh) -> tuple[list[Solution], tuple[dict, ...]]:
+        found = list(_solutions(pcg, cluster, config, mesh, tables))
+        return found, tables.taken(known) if in_worker() else ()
+
     best: Solution | None = None
-    for mesh in factorizations(n):
-        for sol in _solutions(pcg, cluster, config, mesh, tables):
+    for found, taken in fork_map(mesh_solutions, factorizations(n), large(n)):
+        tables.merge(taken)
+        for sol in found:
             if best is None or sol.step_time < best.step_time * (1 - 1e-12):
                 best = sol
     if best is None or not grouped or n != cluster.num_devices:

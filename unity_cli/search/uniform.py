@@ -38,6 +38,7 @@ from .baselines import Baseline, hybrid, hybrid_degrees, retrained
 from .joint import rank
 from .optimize import HYBRID, Candidate, _better, evaluate, price_hybrid
 from .views import default_views, transposed_views
+from .workers import fork_map, large
 
 MAPPED_WITHIN = 1.5
 """The machine-mapping DP lays out each uniform configuration priced within this factor of
@@ -258,9 +259,12 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
     def fits(k: int, tp: int, dp: int, z: int, r: Recompute, s: int) -> bool:
         return u.fits(u.layout(k, tp, dp), z, r, s)
 
-    fitting: list[tuple[tuple[int, int, int], Training]] = []
-    for tp, dp in degrees:
+    def degree(td: tuple[int, int]) -> list[tuple[tuple[int, int, int], Training, float | None]]:
+        """The configurations of ``tp x dp`` that fit, each with its price where it is laid
+        out shortened (a float; the others are priced whole below, in this process)."""
+        tp, dp = td
         counts = [k for k in ks if (batch // k) % dp == 0]
+        out = []
         for r, count in modes:
             for z in stages:
                 k = _fewest(counts, partial(fits, tp=tp, dp=dp, z=z, r=r, s=count or 0))
@@ -271,10 +275,17 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
                 s = count or 0
                 if count is None and r is not Recompute.NONE:    # as few segments as fit
                     s = u.fewest_limit(lay, z, r)
-                fitting.append(((k, tp, dp), Training(z, k, r, s)))
-    if not fitting:
+                train = Training(z, k, r, s)
+                out.append(((k, tp, dp), train, u.priced(lay, train) if lay.folded else None))
+        return out
+
+    # The degrees side by side where the cluster is large (workers.fork_map): each lays out,
+    # counts and prices its own configurations, and sends back their prices.
+    found = [f for fs in fork_map(degree, degrees, large(n)) for f in fs]
+    if not found:
         return None
-    priced = [u.priced(u.layout(*at), train) for at, train in fitting]
+    fitting = [(at, train) for at, train, _ in found]
+    priced = [u.priced(u.layout(*at), train) if p is None else p for at, train, p in found]
     within, count = MAPPED_WITHIN, f"{len(fitting)}"
     if any(isinstance(p, float) for p in priced):     # shortened: the fastest few priced whole
         order = sorted(range(len(fitting)), key=lambda i: p if isinstance(p := priced[i], float) else
