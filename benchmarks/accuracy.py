@@ -1,16 +1,19 @@
 """How right is the cost model? Plan small models for 2 CPU ranks, train each plan for a few
 steps with MPI, and compare the measured step time with the predicted one.
 
-    python benchmarks/accuracy.py [--steps 10] [--budget 5] [--strategies data_parallel,tensor_parallel,best]
+    python benchmarks/accuracy.py [--steps 10] [--budget 5] [--strategies "data_parallel;tensor_parallel;best"]
                                   [--models all|NAME,...] [--out benchmarks/results]
 
-Models: the seven zoo models at small scale (``unity zoo NAME --scale small``, batch 8) and
-the shared exports in ``tests/models/tiny`` (TorchScript ones at batch 4; dynamo ones keep
-the batch they were exported with). First ``mpiexec -n 2 unity profile`` measures their
-operator pieces and the link on cluster_specs/local-cpu.yaml, then for each model and
-strategy ``unity optimize --profile`` plans, ``mpiexec -n 2 unity profile --plan`` times that
-plan's pieces inside training steps, ``unity optimize`` plans again with that profile and
-``mpiexec -n 2 unity run --steps N --json`` trains, reporting the median step time after a
+Models: the seven zoo models at small scale (``unity zoo NAME --scale small``, batch 8), the
+shared exports in ``tests/models/tiny`` (TorchScript ones at batch 4; dynamo ones keep the
+batch they were exported with), and the zoo's decoder LLMs at small scale (batch 4), which
+are also planned at the step shapes a team training them writes (:data:`LLM_SHAPES`: ZeRO-3
+with recomputation and micro-batches, tensor parallelism with selective recomputation).
+First ``mpiexec -n 2 unity profile`` measures their operator pieces and the link on
+cluster_specs/local-cpu.yaml, then for each model and strategy ``unity optimize --profile``
+plans, ``mpiexec -n 2 unity profile --plan`` times that plan's pieces inside training steps,
+``unity optimize`` plans again with that profile and ``mpiexec -n 2 unity run --steps N
+--json`` trains, reporting the median step time after a
 warm-up step. Writes a Markdown table
 (stdout and ``<out>/accuracy.md``) and a CSV (``<out>/accuracy.csv``).
 """
@@ -38,7 +41,11 @@ BIN = Path(sys.executable).parent
 UNITY, MPIEXEC = str(BIN / "unity"), str(BIN / "mpiexec")
 CLUSTER = REPO / "cluster_specs" / "local-cpu.yaml"
 SHARED = REPO / "tests" / "models" / "tiny"   # the vendored exports (bert_tiny, convnet_tiny, both exporters)
-ZOO_BATCH, SHARED_BATCH = 8, 4
+ZOO_BATCH, SHARED_BATCH, LLM_BATCH = 8, 4, 4
+STRATEGIES = "data_parallel;tensor_parallel;best"
+LLM_SHAPES = ("dp=2,zero=3,mb=2,recompute=full", "tp=2,mb=2,recompute=selective")
+"""Hand-written step shapes each decoder is also planned at (``--strategy``, 2 ranks): FSDP with
+recomputation, and tensor parallelism with selective recomputation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,10 @@ def models(tmp: Path, which: list[str] | None) -> list[tuple[str, Path, int | No
         raise SystemExit(f"accuracy: no ONNX models in {SHARED}")
     for p in shared:
         out.append((f"shared/{p.stem}", p, None if "_dynamo" in p.name else SHARED_BATCH))
+    for name in zoo.LLMS:
+        path = tmp / f"{name}.onnx"
+        zoo.write(name, path, "small")
+        out.append((f"zoo/{name}", path, LLM_BATCH))
     return [m for m in out if which is None or m[0].split("/")[1] in which]
 
 
@@ -118,11 +129,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--budget", type=float, default=5.0, help="search seconds for best")
-    ap.add_argument("--strategies", default="data_parallel,tensor_parallel,best")
+    ap.add_argument("--strategies", default=STRATEGIES,
+                    help="';'-separated --strategy values for every model (a configuration holds commas); "
+                         f"the decoders are also planned at {'; '.join(LLM_SHAPES)}")
     ap.add_argument("--models", default="all", help="all, or comma-separated names (zoo names, shared file stems)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = ap.parse_args()
     started = time.monotonic()
+    # ';' between configurations, which hold commas; a list of plain names may use ','
+    sep = ";" if ";" in args.strategies or "=" in args.strategies else ","
+    asked = [x.strip() for x in args.strategies.split(sep) if x.strip()]
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -138,7 +154,8 @@ def main() -> None:
                 sys.exit(f"unity profile failed: {_first_error(p)}")
         print(f"profiled {len(corpus)} models on {CLUSTER.name} in {time.monotonic() - started:.0f} s", flush=True)
         for label, path, batch in corpus:
-            for strategy in args.strategies.split(","):
+            shapes = LLM_SHAPES if label.split("/")[1] in zoo.LLMS else ()
+            for strategy in [*asked, *shapes]:
                 plan = tmp / "plan.json"
                 cmd = [UNITY, "optimize", str(path), "--cluster", str(CLUSTER), "--profile", str(profile),
                        "--strategy", strategy, "--budget", str(args.budget), "--out", str(plan), "--json"]
@@ -163,7 +180,7 @@ def main() -> None:
                 results.append(Result(label, strategy, doc["strategy"], doc["predicted_step_time_ms"],
                                       doc["measured_step_time_ms"], phases=doc.get("phases_ms", {})))
                 r = results[-1]
-                print(f"{label:32s} {strategy:16s} {r.strategy:24s} predicted {r.predicted_ms:8.3f} ms  "
+                print(f"{label:32s} {strategy:36s} {r.strategy:24s} predicted {r.predicted_ms:8.3f} ms  "
                       f"measured {r.measured_ms:8.3f} ms  ratio {r.ratio:5.2f}", flush=True)
     total = time.monotonic() - started
     ok = [r for r in results if not r.error]

@@ -739,14 +739,17 @@ def solve(pcg: PCG, cluster: ClusterSpec, config: CostConfig = CostConfig(),
     groups (:func:`regroup`)."""
     n = devices or cluster.num_devices
     tables = tables or Tables(cluster, config)
-    known = tables.known() if large(n) else ()
+    # Side by side only while the run's tables are cold: a later solve (a rewritten graph)
+    # prices only what the rewrite made, less than a fork costs.
+    spread = large(n) and not tables.edges
+    known = tables.known() if spread else ()
 
     def mesh_solutions(mesh: Mesh) -> tuple[list[Solution], tuple[dict, ...]]:
         found = list(_solutions(pcg, cluster, config, mesh, tables))
         return found, tables.taken(known) if in_worker() else ()
 
     best: Solution | None = None
-    for found, taken in fork_map(mesh_solutions, factorizations(n), large(n)):
+    for found, taken in fork_map(mesh_solutions, factorizations(n), spread):
         tables.merge(taken)
         for sol in found:
             if best is None or sol.step_time < best.step_time * (1 - 1e-12):

@@ -152,17 +152,22 @@ class _Uniforms:
         return self._layouts[k, tp, dp]
 
     def _laid(self, k: int, tp: int, dp: int) -> _Layout:
-        source = self.source_for(k)
-        if k not in self._blocks:
-            self._blocks[k] = blocks(source)
-        found = self._blocks[k]
-        if found.run is None or found.run.count <= KEPT[1]:
+        if not self.folds(k):
             return _Layout(hybrid(self.graph_for(k), tp, dp))
+        found = self._blocks[k]
         short, deeper = (hybrid(self._short(k, keep), tp, dp) for keep in KEPT)
         a, c = (blocks(b.pcg, least=keep - 1).run for b, keep in ((short, KEPT[0]), (deeper, KEPT[1])))
         if a is None or c is None or (a.start, a.period, a.end + a.period) != (c.start, c.period, c.end):
             return _Layout(hybrid(self.graph_for(k), tp, dp))   # the hybrid's blocks are not alike: price it whole
         return _Layout(short, deeper, a.start, a.end, a.period, found.run.count - KEPT[0])
+
+    def folds(self, k: int) -> bool:
+        """Whether the graph at ``k`` micro-batches is laid out shortened (a run of more than
+        ``KEPT[1]`` blocks; a layout may still make its blocks unlike, and be priced whole)."""
+        if k not in self._blocks:
+            self._blocks[k] = blocks(self.source_for(k))
+        run = self._blocks[k].run
+        return run is not None and run.count > KEPT[1]
 
     def _short(self, k: int, keep: int) -> PCG:
         """The graph at ``k`` micro-batches shortened to ``keep`` blocks (and rewritten)."""
@@ -279,9 +284,10 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
                 out.append(((k, tp, dp), train, u.priced(lay, train) if lay.folded else None))
         return out
 
-    # The degrees side by side where the cluster is large (workers.fork_map): each lays out,
-    # counts and prices its own configurations, and sends back their prices.
-    found = [f for fs in fork_map(degree, degrees, large(n)) for f in fs]
+    # The degrees side by side where the cluster is large and the graph shortened
+    # (workers.fork_map): each lays out, counts and prices its own configurations, and sends
+    # back their prices (a layout of the whole graph would be made again here to be priced).
+    found = [f for fs in fork_map(degree, degrees, large(n) and u.folds(ks[0])) for f in fs]
     if not found:
         return None
     fitting = [(at, train) for at, train, _ in found]

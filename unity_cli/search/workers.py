@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-PARALLEL_DEVICES = 64
+PARALLEL_DEVICES = 256
 """From this many devices the search's lists run side by side: each item prices moves of as
-many pieces as devices (a mesh's edge tables, some thousand reshardings, take seconds at 512
-devices), where a fork costs milliseconds."""
+many pieces as devices (a decoder's mesh at 512 devices is some thousand reshardings, about
+5 s). Below it they run in one process: at 192 devices ``benchmarks/paper.py``'s small graphs
+searched slower side by side (their meshes cost less than the forks and the tables sent back)."""
 
 WORKERS_ENV = "UNITY_WORKERS"
 """Set to a count to cap the worker processes (1: run everything in the calling process)."""
