@@ -43,7 +43,7 @@ CLUSTER = REPO / "cluster_specs" / "local-cpu.yaml"
 SHARED = REPO / "tests" / "models" / "tiny"   # the vendored exports (bert_tiny, convnet_tiny, both exporters)
 ZOO_BATCH, SHARED_BATCH, LLM_BATCH = 8, 4, 4
 STRATEGIES = "data_parallel;tensor_parallel;best"
-LLM_SHAPES = ("dp=2,zero=3,mb=2,recompute=full", "tp=2,mb=2,recompute=selective")
+LLM_SHAPES = ("tp=1,dp=2,zero=3,mb=2,recompute=full", "tp=2,dp=1,mb=2,recompute=selective")
 """Hand-written step shapes each decoder is also planned at (``--strategy``, 2 ranks): FSDP with
 recomputation, and tensor parallelism with selective recomputation."""
 
