@@ -21,7 +21,15 @@ from unity_cli.cost.moves import Move, phase_seconds
 from unity_cli.cost.profile import Profile, load_profile
 from unity_cli.ir import DType
 from unity_cli.plan.plan import load_plan
-from unity_cli.profiling.profiler import InSitu, TimingPolicy, _between, _fixed_costs, _least_calls, run_profile
+from unity_cli.profiling.profiler import (
+    InSitu,
+    TimingPolicy,
+    _between,
+    _fixed_costs,
+    _least_calls,
+    _shares,
+    run_profile,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "cluster_specs" / "local-cpu.yaml"
@@ -107,6 +115,18 @@ def test_a_pass_shares_its_time_outside_the_tasks_among_them():
     assert _between(1e-4, [2e-5, 3e-5]) == pytest.approx(2.5e-5)
     assert _between(1e-5, [2e-5, 3e-5]) == 0.0        # noise: tasks' medians add up to more than the pass's
     assert _between(1e-4, []) == 0.0
+
+
+def test_a_recompute_is_a_backward_task_not_the_backward_passs_leftover():
+    """The backward pass runs the recomputes too: their seconds are tasks of that pass, so the
+    pass's leftover shared among its tasks leaves them out (counted in, every backward piece
+    was priced with a share of them, and the recompute priced again on top)."""
+    tasks = {(1, "fwd"): 1.0, (2, "fwd"): 2.0, (1, "again"): 1.0, (1, "bwd"): 2.0, (2, "bwd"): 3.0}
+    parallel = {(3, "fwd"): (0.5, 0.2), (3, "again"): (0.5, 0.2), (3, "bwd"): (0.25, 0.1)}
+    got = _shares(tasks, parallel, {"fwd": [4.0, 4.5, 3.5], "bwd": [7.95]})
+    assert got["fwd"] == pytest.approx((4.0 - 3.5) / 3)
+    assert got["bwd"] == pytest.approx((7.95 - 6.75) / 5)     # five tasks: 2, 3, the recompute 1, its op 0.5, 0.25
+    assert _shares({(1, "bwd"): 2.0}, {}, {"bwd": [1.0]})["bwd"] == 0.0
 
 
 def test_one_rank_plans_fixed_costs_replace_the_probes(mlp, tmp_path):

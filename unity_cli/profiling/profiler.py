@@ -496,14 +496,12 @@ def measure_in_situ(plans: Sequence[str], dtype: DType, dispatch: float, steps: 
         tasks = {k: statistics.median(t) for k, t in ex.timings.items()}
         parallel = {k: (statistics.median(a for a, _ in t), statistics.median(a - b for a, b in t))
                     for k, t in ex.own_work.items()}
-        between = {phase: _between(statistics.median(t), [v for (_, p), v in tasks.items() if p == phase]
-                                   + [a for (_, p), (a, _) in parallel.items() if p == phase])
-                   for phase, t in ex.pass_seconds.items()}
+        between = _shares(tasks, parallel, ex.pass_seconds)
         for (node, phase), t in tasks.items():
             key, kind = keys[node]
             entry = samples.setdefault(key, (kind, [], []))
-            entry[1 if phase == "fwd" else 2].append(t + between[phase])
-        own += [t + between[phase] for (_, phase), (_, t) in parallel.items()]
+            entry[2 if phase == "bwd" else 1].append(t + between.get(_PASS[phase], 0.0))
+        own += [t + between.get(_PASS[phase], 0.0) for (_, phase), (_, t) in parallel.items()]
         measured.append({"calls": made[2:] or made,
                          **{ph: statistics.median(p.get(ph, 0.0) for p in kept) for ph in ("optimizer", "loss")}})
         jobs.append(job)
@@ -552,6 +550,22 @@ def _fixed_costs(plan: Plan, optimizer: str, ranks: Sequence[Mapping[str, float]
             loss_devs.update(e.devices)
     return ([(r["optimizer"] - upd[d]) / counts[d] for d, r in enumerate(ranks) if counts[d]],
             [r["loss"] - loss[d] for d, r in enumerate(ranks) if d in loss_devs])
+
+
+_PASS = {"fwd": "fwd", "bwd": "bwd", "again": "bwd"}
+"""The pass each kind of timed task runs in (``Executor.timings``)."""
+
+
+def _shares(tasks: Mapping[tuple[int, str], float], parallel: Mapping[tuple[int, str], tuple[float, float]],
+            pass_seconds: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Per pass, each of its tasks' share of its time outside them (:func:`_between`): the
+    pass's median seconds less its compute tasks' and its parallel ops' (``tasks`` and
+    ``parallel`` by (node, kind), ``Executor.timings``). A recompute ("again") runs in the
+    backward pass: it is one of that pass's tasks, not its leftover (shared out among the
+    backward tasks, it was priced twice: as the recompute, and in every backward piece)."""
+    return {phase: _between(statistics.median(t), [v for (_, p), v in tasks.items() if _PASS[p] == phase]
+                            + [a for (_, p), (a, _) in parallel.items() if _PASS[p] == phase])
+            for phase, t in pass_seconds.items()}
 
 
 def _between(pass_seconds: float, tasks: Sequence[float]) -> float:

@@ -120,7 +120,8 @@ class Executor:
         self._member = next((g for g in program.loss_groups for r, _, _ in g.members if r == self.me), None)
         self.loss_count = loss_count(loss, program.pcg.shape(program.output).sizes)
         self.timings: dict[tuple[int, str], list[float]] | None = None
-        """Set to a dict to record each compute task's seconds per (node, "fwd" | "bwd")."""
+        """Set to a dict to record each compute task's seconds per (node, "fwd" | "bwd" |
+        "again"): "again" is a recompute, a forward run inside the backward pass."""
         self.own_work: dict[tuple[int, str], list[tuple[float, float]]] = {}
         """With ``timings``: per (node, "fwd" | "bwd") of a parallel op whose pass makes a call,
         the pass's seconds and those of them inside the communicator (the rest is the
@@ -236,7 +237,7 @@ class Executor:
                         clock.lap("loss", "fwd_comm")
                     t0 = time.perf_counter()
                 case Action.RECOMPUTE:
-                    self._guard(self.mine[k], self._forward)
+                    self._guard(self.mine[k], self._forward, "again")
                 case Action.BACKWARD:
                     m = self.mine[k]
                     if m.active:
@@ -267,15 +268,17 @@ class Executor:
             clock.lap("bwd_compute", "bwd_comm")
         return loss
 
-    def _guard(self, m: _Mine, fn: Callable[[_Mine], None]) -> None:
-        """Run ``fn(m)``; a failure becomes a RunError naming the node."""
+    def _guard(self, m: _Mine, fn: Callable[[_Mine], None], timed: str | None = None) -> None:
+        """Run ``fn(m)``; a failure becomes a RunError naming the node. ``timed``: the key its
+        seconds go under (default "bwd" for a backward, "fwd" for a forward)."""
         try:
             if self.timings is None:
                 fn(m)
                 return
             t0, talk = time.perf_counter(), self.comm.seconds
             fn(m)
-            spent, key = time.perf_counter() - t0, (m.step.node, "bwd" if fn == self._backward else "fwd")
+            spent = time.perf_counter() - t0
+            key = (m.step.node, timed or ("bwd" if fn == self._backward else "fwd"))
             if m.task is not None and m.task.assemble is Assemble.KERNEL:
                 self.timings.setdefault(key, []).append(spent)
             elif self.p.pcg.nodes[m.step.node].spec.is_parallel_op and self.comm.seconds > talk:
