@@ -129,6 +129,27 @@ def test_a_recompute_is_a_backward_task_not_the_backward_passs_leftover():
     assert _shares({(1, "bwd"): 2.0}, {}, {"bwd": [1.0]})["bwd"] == 0.0
 
 
+def test_a_recomputed_plans_recomputes_are_timed_as_their_own_tasks(mlp, tmp_path, monkeypatch):
+    """``--plan`` of a fully recomputed plan: each recompute the step runs is timed under its
+    own key ("again"), beside its node's forward, so the backward pass's leftover leaves it out."""
+    from unity_cli.profiling import profiler
+    spec = tmp_path / "one.yaml"
+    spec.write_text(LOCAL.read_text().replace("devices: 2", "devices: 1").replace("name: local-cpu", "name: one"))
+    plan = _plan(mlp, tmp_path / "plan.json", "tp=1,dp=1,recompute=full", spec)
+    seen = []
+    real = profiler._shares
+
+    def spy(tasks, parallel, pass_seconds):
+        seen.append(set(tasks))
+        return real(tasks, parallel, pass_seconds)
+    monkeypatch.setattr(profiler, "_shares", spy)
+    run_profile([], load_cluster(spec), batch_size=8, policy=FAST, plans=[str(plan)])
+    (keys,) = seen
+    again = {node for node, kind in keys if kind == "again"}
+    assert again and again <= {node for node, kind in keys if kind == "fwd"}
+    assert {node for node, kind in keys if kind == "bwd"} - again      # not every backward task follows a recompute
+
+
 def test_one_rank_plans_fixed_costs_replace_the_probes(mlp, tmp_path):
     """``--plan`` on one rank: the plan's optimizer (adam) and loss are timed in its steps; no
     parallel op moves data and no call is made, so neither is recorded."""
