@@ -292,3 +292,49 @@ def test_branches_on_disjoint_device_groups(clusters, shape):
                 ranges = group_ranges(pcg, g, solved)
                 assert ranges is not None
                 assert_bytes_equal(solved, default_views(solved, ranges), n)
+
+
+def _p2p_by_pairs(messages, cluster, profile):
+    """The definition, message by message: each over its pair's link (``comm.link_for``)."""
+    from collections import Counter
+
+    from unity_cli.cost.comm import link_for
+    out, into, nic_out, nic_in = Counter(), Counter(), Counter(), Counter()
+    latency = 0.0
+    for m in messages:
+        s, d = m.group
+        link = link_for(cluster, (s, d), profile)
+        t = m.nbytes / link.bandwidth
+        out[s] += t
+        into[d] += t
+        latency = max(latency, link.latency)
+        a, b = cluster.node_of(s), cluster.node_of(d)
+        if a != b:
+            nic_out[a] += t
+            nic_in[b] += t
+    return latency, max(max(c.values(), default=0.0) for c in (out, into, nic_out, nic_in))
+
+
+@pytest.mark.parametrize("name", ["summit-192:12", "dgx-a100-80:24", "local-cpu:3", "summit-192:18"])
+def test_point_to_point_messages_are_priced_as_their_pairs_links_to_the_last_bit(name):
+    """``_p2p_parts`` prices all of a phase's messages at once, and gives, bit for bit, what
+    pricing each over its own pair's link gives: inside a node, across nodes, to itself, with
+    and without a profile's measured links, for one message and for thousands."""
+    from unity_cli.cost.moves import Move, _p2p_parts
+    from unity_cli.cost.profile import Profile
+    from unity_cli.ir.phase import Phase
+    cluster = load_cluster(name)
+    fitted = Profile.from_json({
+        "format": "unity-profile/1", "machine": {}, "settings": {}, "compute": {},
+        "comm": {"device_type": "cpu-core", "device_kind": "cpu", "ranks": 2, "hosts": 1,
+                 "links": {"intra-node": {"latency_s": 1e-5, "bandwidth_Bps": 1e9, "samples": []},
+                           "inter-node": {"latency_s": 3e-5, "bandwidth_Bps": 2e8, "samples": []}},
+                 "collectives": {}}})
+    rng = random.Random(7)
+    n = cluster.num_devices
+    for profile in (None, fitted):
+        for count in (1, 2, 5, 40, 3000):
+            messages = [Move(Collective.P2P, Phase.FWD, (rng.randrange(n), rng.randrange(n)), rng.randrange(1, 1 << 30))
+                        for _ in range(count)]
+            assert _p2p_parts(messages, cluster, profile) == _p2p_by_pairs(messages, cluster, profile)
+    assert _p2p_parts([], cluster, None) == (0.0, 0.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..cluster.collectives import Collective, sent_ratio
-from ..cluster.spec import ClusterSpec, Link
+from ..cluster.spec import ClusterSpec
 from ..ir.dtypes import DType
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG, TensorRef
@@ -442,29 +442,38 @@ def p2p_seconds(messages: Sequence[Move], cluster: ClusterSpec, profile: Profile
 
 
 def _p2p_parts(messages: Sequence[Move], cluster: ClusterSpec, profile: Profile | None) -> tuple[float, float]:
-    """(the slowest link's latency, the busiest device's or interface's transfer seconds)."""
-    out: Counter[int] = Counter()
-    into: Counter[int] = Counter()
-    nic_out: Counter[int] = Counter()
-    nic_in: Counter[int] = Counter()
-    latency = 0.0
-    for m in messages:
-        s, d = m.group
-        link, a, b = _pair(cluster, profile, s, d)
-        t = m.nbytes / link.bandwidth
-        out[s] += t
-        into[d] += t
-        latency = max(latency, link.latency)
-        if a != b:
-            nic_out[a] += t
-            nic_in[b] += t
-    return latency, max(max(c.values(), default=0.0) for c in (out, into, nic_out, nic_in))
+    """(the slowest link's latency, the busiest device's or interface's transfer seconds).
+    Each message takes its pair's link (:func:`_links`); each device's and each node's
+    seconds are summed in the messages' order, so the sums are the same however many."""
+    if not messages:
+        return 0.0, 0.0
+    node, bandwidth, latency = _links(cluster, profile)
+    n = len(messages)
+    src = np.fromiter((m.group[0] for m in messages), np.intp, n)
+    dst = np.fromiter((m.group[1] for m in messages), np.intp, n)
+    a, b = node[src], node[dst]
+    kind = np.where(src == dst, 0, np.where(a == b, 1 + a, 1 + len(cluster.nodes)))   # self, inside node a, across
+    t = np.fromiter((m.nbytes for m in messages), np.float64, n) / bandwidth[kind]
+    apart = a != b
+    busiest = max(float(np.bincount(src, t).max()), float(np.bincount(dst, t).max()),
+                  float(np.bincount(a[apart], t[apart]).max(initial=0.0)),
+                  float(np.bincount(b[apart], t[apart]).max(initial=0.0)))
+    return max(0.0, float(latency[kind].max())), busiest
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _pair(cluster: ClusterSpec, profile: Profile | None, s: int, d: int) -> tuple[Link, int, int]:
-    """The link between two devices and their nodes."""
-    return link_for(cluster, (s, d), profile), cluster.node_of(s), cluster.node_of(d)
+@functools.lru_cache(maxsize=16)
+def _links(cluster: ClusterSpec, profile: Profile | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each device's node, and the bandwidth and latency of a message by its kind: 0 to
+    itself, ``1 + k`` inside node ``k``, ``1 + len(nodes)`` across nodes (``comm.link_for``
+    of such a pair: every pair of one kind takes the same link)."""
+    node = np.array([cluster.node_of(d) for d in range(cluster.num_devices)], dtype=np.intp)
+    links = [link_for(cluster, (0,), profile)]
+    for k, spec in enumerate(cluster.nodes):
+        first = cluster.device_offsets[k]
+        links.append(link_for(cluster, (first, first + 1), profile) if spec.devices > 1 else links[0])
+    apart = [cluster.device_offsets[0], cluster.device_offsets[1]] if len(cluster.nodes) > 1 else [0]
+    links.append(link_for(cluster, apart, profile))
+    return node, np.array([x.bandwidth for x in links]), np.array([x.latency for x in links])
 
 
 def moves_of(st: Structure, views: Views, dtype: DType = DType.FLOAT32) -> list[Move]:
