@@ -48,7 +48,7 @@ from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
 from .baselines import Strategy
 from .folded import folded_search, rewritten_whole
-from .joint import Applied, faster, rank
+from .joint import Applied, faster
 from .optimize import SEARCHES, Candidate, SearchResult, optimize
 from .uniform import MODES, Mode, _fewest, best_uniform
 
@@ -111,37 +111,33 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     ks = [micro_batches] if micro_batches is not None else [d for d in range(1, batch + 1) if batch % d == 0]
     modes = MODES if recompute is None else (recompute,)
     rewritten: dict[int, tuple[PCG, tuple[Applied, ...]]] = {}
-    rules = search.get("rules", ())
+    rewrite = partial(attention_rewritten, rules=search.get("rules", ()))
 
     def attention_for(k: int) -> PCG:
         if k not in rewritten:     # (a decoder's layers rewritten as one, lengthened)
-            rewrite = partial(attention_rewritten, rules=rules)
             rewritten[k] = rewritten_whole(graph_for(k), rewrite) or rewrite(graph_for(k))
         return rewritten[k][0]
 
+    # A configuration a person writes, priced as ``--strategy`` prices it: where the model
+    # holds an attention chain, with every chain one memory-efficient Attention.
+    attention = has_attention(graph_for(ks[0]), search.get("rules", ()))
+    graph = attention_for if attention else graph_for
     budget = search.get("budget")
     try:
         with ceiling(None if budget is None else (search.get("started") or time.monotonic()) + UNIFORM_SHARE * budget):
-            # a configuration a person writes, priced as ``--strategy`` prices it: where the
-            # model holds an attention chain, with every chain one memory-efficient Attention
-            if has_attention(graph_for(ks[0]), rules):
-                found = [(best_uniform(attention_for, batch, cluster, config, stages, ks, modes,
-                                       (graph_for, lambda g: attention_rewritten(g, rules)[0])), attention_for)]
-            else:
-                found = [(best_uniform(graph_for, batch, cluster, config, stages, ks, modes), graph_for)]
+            uniform = best_uniform(graph, batch, cluster, config, stages, ks, modes,
+                                   (graph_for, lambda g: rewrite(g)[0]) if attention else None)
     except OutOfTime:   # the searches plan the plain step with the time left
         train = Training(stages[0], ks[0], modes[0][0], modes[0][1] or 0)
         return optimize(graph_for(ks[0]), cluster, replace(config, training=train), strategy, **search), ks[0]
-    found = [(u, g) for u, g in found if u is not None]
-    if not found:
+    if uniform is None:
         return _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, search)
-    uniform, graph = min(found, key=lambda f: rank(f[0].row.report))
     train = uniform.training
     k = train.micro_batches
     result = folded_search(graph(k), cluster, config, uniform, strategy, search) or \
         optimize(graph(k), cluster, replace(config, training=train), strategy,
                  hybrid_row=(uniform.row, uniform.tried), **search)
-    if graph is attention_for:  # every row was priced on the rewritten graph
+    if attention:  # every row was priced on the rewritten graph
         result = replace(result, rewrites=rewritten[k][1] + tuple(result.rewrites))
     return (_restaged(result, cluster, config, stages) if zero is None else result), k
 
