@@ -2,6 +2,8 @@
 (``ir/buckets.py``), and picks the bucket size by the profile's measured overlap."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -19,7 +21,10 @@ from unity_cli.ir.ops.elementwise import UnaryAttrs
 from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
 from unity_cli.ir.pcg import GraphBuilder
+from unity_cli.ir.phase import Phase, StepNode
+from unity_cli.ir.recompute import Recompute
 from unity_cli.ir.shapes import TensorShape
+from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model
 from unity_cli.plan.config import plan_config
 from unity_cli.plan.plan import load_plan
@@ -70,10 +75,10 @@ def test_auto_is_the_fastest_bucket_size(dp):
     assert hidden[1 << 16] < hidden[0]
 
 
-def wide_mlp(layers: int = 6, width: int = 512):
+def wide_mlp(layers: int = 6, width: int = 512, batch: int = 64):
     """A batch-split MLP whose weights are a MiB each: its gradient sync is worth hiding."""
     b = GraphBuilder()
-    h = b.add1(InputAttrs(TensorShape((64, width))), (), "x")
+    h = b.add1(InputAttrs(TensorShape((batch, width))), (), "x")
     for k in range(layers):
         w = b.add1(WeightAttrs(TensorShape((width, width))), (), f"w{k}")
         h = b.add1(UnaryAttrs("Relu"), (b.add1(MatMulAttrs(), (h, w), f"mm{k}"),))
@@ -166,3 +171,32 @@ def test_a_bad_overlap_names_its_field(overlap, field):
     doc["comm"]["sync_overlap"] = overlap
     with pytest.raises(ProfileError, match=field.replace(".", r"\.")):
         Profile.from_json(doc)
+
+
+def _gathers_exposed(report, device: int = 0) -> float:
+    """The seconds ``device``'s compute stream spends on ZeRO-3's gathers (blocked or waiting)."""
+    return sum(e.end - e.start for e in report.events if e.node == StepNode.SYNC and e.comm and
+               e.stream is Stream.COMPUTE and e.phase in (Phase.FWD, Phase.BWD) and device in e.devices)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_a_zero3_gather_is_prefetched_behind_the_compute_before_it(recompute):
+    """Each of ZeRO-3's gathers starts where the one before it is needed (``ir/recompute.gathers``):
+    with no overlap measured the step pays every gather in full, as before; where the profile
+    measured all of an all-reduce hiding under compute, every gather but the first hides
+    behind the compute of the weight before it (the MLP's layers compute longer than they
+    gather), and the step is faster by the rest."""
+    cluster = load_cluster(Path(__file__).resolve().parents[2] / "cluster_specs" / "dgx-a100-8.yaml")
+    g = data_parallel(wide_mlp(layers=6, width=1024, batch=1 << 16), cluster).pcg
+    views = default_views(g)
+    training = Training(3, 1, Recompute(recompute))
+    reports = {f: estimate(g, views, cluster, CostConfig(profile=profile(f), training=training))
+               for f in (0.0, 1.0)}
+    each = reports[0.0].comm_bytes
+    assert reports[1.0].comm_bytes == each                  # the same bytes, moved earlier
+    passes = 2 if recompute == "full" else 1
+    exposed = {f: _gathers_exposed(r) for f, r in reports.items()}
+    one = exposed[0.0] / (6 * passes)                       # every gather alike: 6 weights, each pass
+    assert exposed[0.0] == pytest.approx(6 * passes * one)
+    assert exposed[1.0] == pytest.approx(one)               # only the first one waits
+    assert reports[0.0].step_time - reports[1.0].step_time == pytest.approx((6 * passes - 1) * one)

@@ -48,12 +48,12 @@ class _Comm:
     def allreduce(self, group, buf):
         self.clock.sleep(0.01)
 
-    reduce = bcast = allgather = reduce_scatter = sum_host = iallreduce = allreduce
+    reduce = bcast = allgather = reduce_scatter = sum_host = iallreduce = iallgather = allreduce
 
     def test_all(self, requests):
         return True
 
-    wait_all = test_all
+    wait_all = wait = test_all
 
 
 def test_clock_splits_wall_time_into_compute_and_communication(monkeypatch):

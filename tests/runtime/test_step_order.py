@@ -12,6 +12,7 @@ from runtime.test_training_steps import cpu_spec, optimize
 
 from unity_cli.cost.model import simulated_order
 from unity_cli.ir.recompute import Action
+from unity_cli.ir.schedule import layout_sources
 from unity_cli.plan.config import plan_config
 from unity_cli.plan.plan import load_plan
 from unity_cli.runtime.program import StepOrder, build_program
@@ -92,3 +93,28 @@ def test_a_simulation_that_folds_the_recompute_into_backward_is_caught(plans, tm
     folded = [(a, i) for a, i in trace if a not in (Action.RECOMPUTE, Action.DROP)]
     assert any(a is Action.RECOMPUTE for a, _ in trace)
     assert _in_steps(folded, program) != ran
+
+
+@pytest.mark.parametrize("name,ranks,strategy", [("gpt3-175b", 3, "tp=1,dp=3,zero=3,mb=2,recompute=full"),
+                                                 ("llama2-7b", 4, "tp=2,dp=2,zero=3,recompute=selective:1"),
+                                                 ("mlp", 2, "tp=1,dp=2,zero=3")])
+def test_each_zero3_gather_starts_where_the_one_before_it_is_needed(plans, tmp_path, name, ranks, strategy):
+    """ZeRO-3's prefetch over the program's steps: the weights' passes gathered in the order
+    they are needed, each started at the action where the one before it is needed (after
+    that one's gather), none before the first; a weight gathered once for the forward pass
+    and once for each segment whose recompute reads it."""
+    model = small_model(plans, tmp_path, name)
+    plan_path = tmp_path / "plan.json"
+    optimize(model, cpu_spec(tmp_path, ranks), plan_path, 2 * ranks, "--strategy", strategy)
+    plan = load_plan(plan_path)
+    program = build_program(plan.pcg, plan.views, None)
+    order = StepOrder.of(program, plan.training.recompute, plan.training.recompute_segments)
+    uses = sorted((j, n, w) for j, ws in order.first_use.items() for n, w in enumerate(ws))
+    assert len(uses) >= 2
+    want = {(a, w) for (a, _, _), (b, _, w) in zip(uses, uses[1:], strict=False) if a < b}
+    assert {(j, w) for j, ws in order.prefetch.items() for w in ws} == want
+    layout = layout_sources(plan.pcg)
+    for w in {w for _, _, w in uses}:
+        readers = {i for i, n in plan.pcg if layout[i] is None and any(layout[r.node] == w for r in n.inputs)}
+        again = [s for s, seg in enumerate(order.segments) if readers & {program.steps[k].node for k in seg}]
+        assert sum(w in ws for ws in order.first_use.values()) == 1 + len(again), w

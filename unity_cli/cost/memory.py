@@ -131,6 +131,7 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     again = np.zeros_like(kept)
     workspace = np.zeros((len(segs), num_devices), dtype=np.int64)
     joint = []
+    first_gather: dict[int, tuple[int, tuple[np.ndarray, int]]] = {}   # a segment's first recomputed gather
 
     def both(s: int | None, part: str, at: np.ndarray, nbytes) -> None:
         if s is None:
@@ -163,8 +164,11 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
                     np.add.at(held, at, gathered)
                     joint.append((where[0], where[-1], held))
                 for s in where:
-                    if any(again_of.get(u) == s for u in readers):
+                    again_in = [u for u in readers if again_of.get(u) == s]
+                    if again_in:
                         np.add.at(workspace[s], at, gathered)
+                        if min(again_in) < first_gather.get(s, (len(pcg), None))[0]:
+                            first_gather[s] = (min(again_in), (at, gathered))
             continue
         out = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
                                    not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
@@ -184,6 +188,12 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             np.add.at(workspace[s], at, extra)
         else:
             np.add.at(workspace[s], at, out + extra)
+    # While a segment is recomputed, the gather that the next one recomputed (the one before
+    # it) needs first is in flight (``ir/recompute.gathers``): its buffer, beside the workspace.
+    order = sorted(first_gather)
+    for prev, s in zip(order, order[1:]):
+        at, gathered = first_gather[prev][1]
+        np.add.at(workspace[s], at, gathered)
     return MemoryTable(fixed, kept, again, workspace, tuple(joint))
 
 

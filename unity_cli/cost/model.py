@@ -35,7 +35,7 @@ from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
-from ..ir.recompute import Action, NodeOrder, node_order, recomputed, weight_passes
+from ..ir.recompute import Action, NodeOrder, gathers, node_order, recomputed, weight_passes
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
 from ..ir.training import OPTIMIZER_STATES, Training, WeightBytes
@@ -307,7 +307,7 @@ def simulated_order(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
     free = [NodeCost(i, 0.0, 0.0, 0.0, 0.0, 0.0) for i in range(len(pcg))]
     trace: list[tuple[Action, int]] = []
-    _simulate(pcg, devs, free, ctx.layout, cluster.num_devices, (ctx.order, free), trace=trace)
+    _simulate(pcg, devs, free, ctx.layout, cluster.num_devices, ctx.order, trace=trace)
     return trace
 
 
@@ -330,14 +330,10 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     again = {i for seg in ctx.recomputed for i in seg}
     # A recomputed node's forward (its compute and its moves) runs again in backward, where
     # the step's order recomputes it (ir/recompute.py): the simulation prices it there.
-    plain = [c for c, _ in priced]
-    costs = list(plain)
+    costs = [c for c, _ in priced]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
     flat = sync_buckets(pcg, weights, 0, train.zero)
-    gathers = _gathers(ctx, flat)
-    for first, fwd, seconds in gathers:     # ZeRO-3: a pass waits for its weight's gather
-        c = costs[first]
-        costs[first] = replace(c, comm_fwd=c.comm_fwd + seconds) if fwd else replace(c, comm_bwd=c.comm_bwd + seconds)
+    fetches = _fetches(ctx, flat)       # ZeRO-3: each pass's gathers, prefetched one ahead
     # Bytes: each micro-batch's moves (a recomputed node's forward ones twice), and the sync's
     # calls (ir/buckets.sync_calls, which the runtime makes) as often as they run: per weight
     # and per bucket the same for an all-reduce, but ZeRO's shards are padded per bucket.
@@ -357,8 +353,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     synced = [m for _, ms in priced for m in ms if m.phase == Phase.SYNC]
     # The micro-batches before the last run forward and backward alone; the last one's
     # backward is where the sync's buckets may start.
-    order = (ctx.order, plain)
-    before = _simulate(pcg, devs, costs, layout, cluster.num_devices, order, (out_devs, loss)) \
+    before = _simulate(pcg, devs, costs, layout, cluster.num_devices, ctx.order, (out_devs, loss), fetches=fetches) \
         if train.micro_batches > 1 else []
     span = max((e.end for e in before), default=0.0)
     if before and train.zero >= 2:      # ZeRO-2: each ends with its reduce-scatters
@@ -370,7 +365,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
         if tuple(syncs) in tried:     # a larger size that cuts the same buckets: the same step
             continue
         tried.add(tuple(syncs))
-        events = _simulate(pcg, devs, costs, layout, cluster.num_devices, order, (out_devs, loss), syncs)
+        events = _simulate(pcg, devs, costs, layout, cluster.num_devices, ctx.order, (out_devs, loss), syncs, fetches)
         update = _update_time(pcg, devs, layout, cluster, config, synced if bucket == 0 else (), flat)
         end = max((e.end for e in events), default=0.0) + (train.micro_batches - 1) * span
         finish, gathers = _after_update(ctx, flat, end + update)
@@ -418,19 +413,40 @@ def _shifted(e: Event, by: float) -> Event:
     return e if by == 0 else replace(e, start=e.start + by, end=e.end + by)
 
 
-def _gathers(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[tuple[int, bool, float]]:
-    """ZeRO-3's gathers of one micro-batch (``SyncWhen.BEFORE_USE``), each as the node whose
-    pass waits for it (the pass's first reader of the weight), whether that is the forward
-    pass (else a recompute, in backward), and its seconds. Not yet overlapped with the
-    compute before it (the runtime gathers when the pass reaches the reader)."""
-    out = []
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """ZeRO-3's gathers of one micro-batch that start at one action of the step's order and
+    are needed at another (``ir/recompute.gathers``), alike on ``devices`` (one per group)."""
+
+    start: int                 # the index in NodeOrder.actions where they start
+    use: int                   # and where they are needed
+    devices: tuple[int, ...]
+    seconds: float
+    overlap: float             # the share that runs beside compute (the profile's sync_overlap)
+    phase: Phase               # FWD: the forward pass's; BWD: a recompute's
+
+
+def _fetches(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[Fetch]:
+    """ZeRO-3's gathers of one micro-batch (``SyncWhen.BEFORE_USE``) as the runtime makes them:
+    each pass's, started where the gather before it is needed (``ir/recompute.gathers``)."""
+    zero, cluster, profile = ctx.config.training.zero, ctx.cluster, ctx.config.profile
+    by_weight: dict[int, list[tuple[tuple[int, ...], float, float]]] = {}
     for b in flat:
-        for c in sync_calls(b, ctx.config.training.zero):
-            if c.when is not SyncWhen.BEFORE_USE:
-                continue
-            seconds = phase_seconds([_call_move(c)], ctx.cluster, ctx.config.profile)[Phase.SYNC]
-            out += [(readers[0], k == 0, seconds) for k, readers in enumerate(ctx.weight_passes[b.weights[0]])]
-    return out
+        calls = [c for c in sync_calls(b, zero) if c.when is SyncWhen.BEFORE_USE]
+        if calls:
+            seconds = phase_seconds([_call_move(c) for c in calls], cluster, profile)[Phase.SYNC]
+            overlap = min((profile.sync_overlap(cluster.device_type(d)) or 0.0) if profile is not None else 0.0
+                          for d in b.group)
+            by_weight.setdefault(b.weights[0], []).append((b.group, seconds, overlap))
+    if not by_weight:
+        return []
+    alike: dict[tuple, set[int]] = {}
+    for g in gathers(ctx.order, ctx.weight_passes):
+        for group, seconds, overlap in by_weight.get(g.weight, ()):
+            alike.setdefault((g.start, g.use, seconds, overlap, Phase.BWD if g.npass else Phase.FWD),
+                             set()).update(group)
+    return [Fetch(start, use, tuple(sorted(ds)), seconds, overlap, phase)
+            for (start, use, seconds, overlap, phase), ds in alike.items()]
 
 
 def _at_once_events(ctx: CostContext, flat: Sequence[SyncBucket], start: float, when: SyncWhen) -> list[Event]:
@@ -578,15 +594,16 @@ def _bucket_syncs(ctx: CostContext, weights: Sequence[WeightSync], bucket_bytes:
 
 
 def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCost],
-              layout: Sequence[int | None], num_devices: int, order: tuple[NodeOrder, Sequence[NodeCost]],
+              layout: Sequence[int | None], num_devices: int, order: NodeOrder,
               loss: tuple[tuple[int, ...], float] = ((), 0.0), syncs: Sequence[SyncClass] = (),
-              trace: list[tuple[Action, int]] | None = None) -> list[Event]:
-    """List scheduling of the step's order (``order``: the :class:`~unity_cli.ir.recompute.NodeOrder`
-    and each node's cost before ZeRO-3's gathers, which a recompute pays again), each action
-    appended to ``trace`` as it is simulated: forward in topological
+              fetches: Sequence[Fetch] = (), trace: list[tuple[Action, int]] | None = None) -> list[Event]:
+    """List scheduling of the step's ``order`` (:class:`~unity_cli.ir.recompute.NodeOrder`),
+    each action appended to ``trace`` as it is simulated: forward in topological
     order, the loss on the output's devices, backward in reverse, a segment's recomputes
     before its backward, each node waiting for its inputs (forward, recompute) or its consumers'
-    gradients (backward) and for its devices; and the gradient all-reduces ``syncs``: a
+    gradients (backward) and for its devices; ZeRO-3's gathers ``fetches``, each started as
+    a bucket is (below) where the action it starts at is, and waited for by the action that
+    needs it; and the gradient all-reduces ``syncs``: a
     bucket as its members start it (:func:`issue` below: each fills its buffers and pays its
     share of the transfer that does not overlap compute where its backward is; the transfer
     itself runs on the communication stream once every member has joined), then each
@@ -614,7 +631,6 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         free_compute[ix] = np.maximum(free_compute[ix], t)
         return t
 
-    nodes, plain = order
     fwd_end = 0.0
     grad_ready = [0.0] * len(pcg)
     again: dict[int, float] = {}                 # a recomputed node: when its recompute ends
@@ -649,9 +665,31 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         events.append(Event(SYNC_NODE, Phase.SYNC, Stream.COMM, c.devices, start, start + c.seconds, hidden=True))
         free_comm[ix] = start + c.seconds
         last[ix] = np.maximum(last[ix], start + c.seconds)
-    for act, i in nodes.actions:
+    starts: dict[int, list[Fetch]] = {}
+    for f in fetches:
+        starts.setdefault(f.start, []).append(f)
+    gathered: dict[int, list[tuple[np.ndarray, float, Phase]]] = {}   # by the action that waits: devices, end
+
+    def fetch(f: Fetch) -> None:
+        """Gathers started as :func:`issue` starts a bucket; the action that needs them waits."""
+        ix = device_array(f.devices)
+        start = max(float(free_compute[ix].max()), float(free_comm[ix].max()))
+        block = (1.0 - f.overlap) * f.seconds
+        if block > 0:
+            at_own_time(ix, np.full(len(ix), block), f.phase, True)
+        events.append(Event(SYNC_NODE, f.phase, Stream.COMM, f.devices, start, start + f.seconds, hidden=True))
+        free_comm[ix] = start + f.seconds
+        gathered.setdefault(f.use, []).append((ix, start + f.seconds, f.phase))
+
+    for a, (act, i) in enumerate(order.actions):
         if trace is not None:
             trace.append((act, i))
+        for f in starts.get(a, ()):
+            fetch(f)
+        for ix, end, phase in gathered.pop(a, ()):      # waiting for a gather is the pass's communication
+            late = np.maximum(end - free_compute[ix], 0.0)
+            if late.any():
+                at_own_time(ix, late, phase, True)
         match act:
             case Action.FORWARD:
                 c = costs[i]
@@ -665,7 +703,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
                     fwd_end = busy(LOSS_NODE, Phase.LOSS, ((gather, True), (loss_s, False)), start)
                 grad_ready = [fwd_end] * len(pcg)
             case Action.RECOMPUTE:     # its forward again, on its devices, once its inputs are made again
-                c = plain[i]
+                c = costs[i]
                 start = max([again.get(r.node, fwd_end) for r in pcg.nodes[i].inputs] + free(free_compute, devs[i]),
                             default=fwd_end)
                 again[i] = busy(i, Phase.BWD, ((c.comm_fwd, True), (c.compute_fwd, False)), start)

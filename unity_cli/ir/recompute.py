@@ -29,7 +29,7 @@ bytes sent and the bytes held are predicted.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
@@ -146,6 +146,31 @@ def weight_passes(pcg: PCG, layout: Sequence[int | None], again: Sequence[Sequen
         read = set(rs)
         out[w] = (tuple(rs), *(tuple(i for i in seg if i in read) for seg in again if read & set(seg)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Gather:
+    """One of ZeRO-3's gathers in a micro-batch (:func:`gathers`): ``weight`` (its source
+    node) for its pass ``npass`` (0: forward; k: the k-th recompute that reads it), needed
+    at action ``use`` of the :class:`NodeOrder` (its pass's first reader) and started at
+    action ``start``, before that action runs (``start == use``: not prefetched)."""
+
+    weight: int
+    npass: int
+    use: int
+    start: int
+
+
+def gathers(order: NodeOrder, passes: Mapping[int, Sequence[Sequence[int]]]) -> tuple[Gather, ...]:
+    """ZeRO-3's gathers of one micro-batch under ``order``, in the order they are needed
+    (``passes``: :func:`weight_passes`), each prefetched one ahead, as FSDP's forward and
+    backward prefetch: a gather starts where the one before it is needed (the first where it
+    is needed itself), so it moves while the previous weight's readers compute, and at most
+    one gathered weight is in flight. Gathers needed at one action start there."""
+    index = {a: j for j, a in enumerate(order.actions)}
+    uses = sorted((index[(Action.RECOMPUTE if k else Action.FORWARD, readers[0])], w, k)
+                  for w, ps in passes.items() for k, readers in enumerate(ps) if readers)
+    return tuple(Gather(w, k, use, uses[n - 1][0] if n else use) for n, (use, w, k) in enumerate(uses))
 
 
 class Action(Enum):

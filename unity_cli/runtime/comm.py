@@ -99,6 +99,18 @@ class Comm(ABC):
         self.allreduce(group, buf)
         return None
 
+    def iallgather(self, group: Group, send: Array, recv: Array) -> Any:
+        """Start :meth:`allgather` (ZeRO-3's prefetch) on the group's second communicator
+        (:meth:`setup_sync_groups`); returns a request for :meth:`wait`. Every member starts
+        the gathers of one group in the same order."""
+        self.allgather(group, send, recv)
+        return None
+
+    def wait(self, requests: Sequence[Any]) -> None:
+        """:meth:`wait_all` for requests of the step's own work (a prefetched gather): its time
+        is the pass's communication, not the gradient sync's."""
+        self.wait_all(requests)
+
     def test_all(self, requests: Sequence[Any]) -> bool:
         """Let started all-reduces progress (MPI moves a nonblocking collective only inside its
         calls); whether all are done."""
@@ -215,6 +227,9 @@ class MpiComm(Comm):
     def iallreduce(self, group, buf):
         return self.sync_groups[group].Iallreduce(mpi().IN_PLACE, buf)
 
+    def iallgather(self, group, send, recv):
+        return self.sync_groups[group].Iallgather(send, recv)
+
     def test_all(self, requests):
         return bool(mpi().Request.Testall(list(requests)))
 
@@ -311,6 +326,15 @@ class NcclComm(Comm):
         self.side.wait_event(ready)
         self.sync_groups[group].allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf),
                                           self.nccl.NCCL_SUM, self.side.ptr)
+        done = self.cupy.cuda.Event(disable_timing=True)
+        done.record(self.side)
+        return done
+
+    def iallgather(self, group, send, recv):
+        ready = self.cupy.cuda.Event(disable_timing=True)     # as iallreduce: after the queued work
+        ready.record(self.stream)
+        self.side.wait_event(ready)
+        self.sync_groups[group].allGather(send.data.ptr, recv.data.ptr, send.size, self._dtype(send), self.side.ptr)
         done = self.cupy.cuda.Event(disable_timing=True)
         done.record(self.side)
         return done

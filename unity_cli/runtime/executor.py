@@ -220,6 +220,9 @@ class Executor:
             for w in order.first_use.get(j, ()) if units else ():     # ZeRO-3: gathered for the pass
                 if w in units:
                     self.values.update(self.params.gather_unit(w))
+            for w in order.prefetch.get(j, ()) if units else ():      # and the next one started
+                if w in units:
+                    self.params.start_gather(w)
             match act:
                 case Action.FORWARD:
                     if fault and k == half:
@@ -750,9 +753,18 @@ def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder,
             calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
 
     issued = 0
+    started: set[int] = set()
     for j, (act, k) in enumerate(order.actions):
         for w in order.first_use.get(j, ()):
-            calls.extend(gathers.get(w, ()))
+            if w in started:
+                started.discard(w)
+                calls.append(("wait", ([None],)))
+            else:
+                calls.extend(gathers.get(w, ()))
+        for w in order.prefetch.get(j, ()):
+            if gathers.get(w):
+                started.add(w)
+                calls.extend(("iallgather", args) for _, args in gathers[w])
         match act:
             case Action.FORWARD | Action.RECOMPUTE:
                 forward(mine[k])

@@ -64,6 +64,7 @@ class _Walk:
         self.static: dict[tuple, Entry] = {}
         self.alias: set[TensorRef] = set()          # weight pieces that are (a slice of) their master
         self.units: dict[int, list[TensorRef]] = {}  # ZeRO-3: weight node -> this rank's pieces of it
+        self.gathered: dict[int, int] = {}           # and the bytes of its gather's buffer
         self.unsynced: list[tuple[str, int]] = []    # weights without a bucket: (name, bytes)
         self.seeded: set[TensorRef] = set()          # gradients made in the sync's buffer
         # ZeRO-2/3: per bucket, when backward has made its gradients, the gradients it takes and
@@ -103,6 +104,7 @@ class _Walk:
             if zero >= 3:
                 self.static[("shard", k)] = (b.shard() * dt.itemsize, "weights")
                 self.units[b.weights[0]] = [TensorRef(node) for node, _, _ in ms[0].pieces[me]]
+                self.gathered[b.weights[0]] = length * dt.itemsize     # its flat buffer, while in flight
                 del master[ms[0].name]
             elif zero:
                 self.static[("flat", k)] = (length * dt.itemsize, "weights")
@@ -165,8 +167,12 @@ class _Walk:
         issued = 0
         for j, (act, k) in enumerate(order.actions):
             for w in order.first_use.get(j, ()):
+                self.values.pop(("prefetch", w), None)
                 for ref in self.units.get(w, ()):
                     self.values[("ref", ref)] = (self._bytes(ref), "weights")
+            for w in order.prefetch.get(j, ()):          # ParamStore.start_gather
+                if w in self.gathered:
+                    self.values[("prefetch", w)] = (self.gathered[w], "weights")
             match act:
                 case Action.FORWARD:
                     self._forward(k, k not in order.no_context)

@@ -120,6 +120,7 @@ class Ledger(Peak):
         """What a kernel's context (of the executor's step ``m``) keeps, as ledger entries."""
         kept_in, kept_out, extra = classify(saved, ins, outs)
         sources = self._source_roots()
+        self._param_roots = {id(root(a)) for a, _ in self.ex.params.held()}   # (a gather done since: not)
         out = []
         for ri in sorted(kept_in):
             rd, r = m.task.reads[ri], root(ins[ri])

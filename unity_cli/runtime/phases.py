@@ -33,7 +33,8 @@ PHASES = ("fwd_compute", "fwd_comm", "loss", "bwd_compute", "bwd_comm", "grad_sy
 HEADINGS = {"fwd_compute": "fwd comp", "fwd_comm": "fwd comm", "loss": "loss", "bwd_compute": "bwd comp",
             "bwd_comm": "bwd comm", "grad_sync": "grad sync", "optimizer": "optimizer", "waiting": "waiting",
             "other": "other"}
-_DATA_PLANE = ("exchange", "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "sum_host")
+_DATA_PLANE = ("exchange", "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "sum_host", "iallgather",
+               "wait")
 _SYNC_CALLS = ("iallreduce", "test_all", "wait_all")
 """A bucketed gradient sync's calls (``runtime/weights.py``): made among backward's tasks,
 their time is the gradient sync's (``TimedComm.sync_seconds``), not backward's."""
@@ -90,8 +91,10 @@ def call_moves(name: str, rank: int, size: int, args: Sequence[Any]) -> list[Cal
             return [(Collective.REDUCE, tuple(args[0]), _nbytes(args[1]), args[2])]
         case "bcast":
             return [(Collective.BROADCAST, tuple(args[0]), _nbytes(args[1]), args[2])]
-        case "allgather":
+        case "allgather" | "iallgather":
             return [(Collective.ALL_GATHER, tuple(args[0]), _nbytes(args[1]), -1)]
+        case "wait":
+            return []
         case "reduce_scatter":
             return [(Collective.REDUCE_SCATTER, tuple(args[0]), _nbytes(args[2]), -1)]
         case "sum_host":
@@ -148,6 +151,8 @@ class TimedComm:
                 ranks = ("p2p", *sorted(peers | {me}))
             case "sum_host":
                 ranks = ("group", *range(self._comm.size))
+            case "wait":          # (its time is the wait for calls keyed when they started)
+                return None
             case _:
                 ranks = ("group", *args[0])
         made = self._made.get(ranks, 0)

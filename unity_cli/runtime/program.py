@@ -16,7 +16,7 @@ from ..ir.machine_view import MachineView
 from ..ir.ops.sources import WeightAttrs
 from ..ir.pcg import PCG, TensorRef
 from ..ir.pieces import Coord
-from ..ir.recompute import Action, Recompute, node_order, weight_passes
+from ..ir.recompute import Action, Recompute, gathers, node_order, weight_passes
 from ..ir.schedule import (  # noqa: F401  (the executor's and weights' vocabulary)
     LOCAL,
     Assemble,
@@ -121,6 +121,9 @@ class StepOrder:
     # those it reads last there (ZeRO-3 gathers before, and frees after: ir/recompute.weight_passes)
     first_use: dict[int, tuple[int, ...]] = field(default_factory=dict)
     last_use: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # per action index, the weights whose gather for a later action starts there, after its
+    # own gathers are done (ZeRO-3's prefetch: ir/recompute.gathers)
+    prefetch: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @staticmethod
     def of(p: Program, mode: Recompute = Recompute.NONE, limit: int = 0) -> StepOrder:
@@ -147,14 +150,26 @@ class StepOrder:
                    for act, i in order.actions
                    if act is Action.LOSS or (i in renumber if act is Action.DROP else i in at)]
         index = {a: j for j, a in enumerate(actions)}
+        # each action of the graph's order as the first of the program's at or after it
+        mapped, j = [], len(actions)
+        for act, i in reversed(order.actions):
+            j = index.get((act, -1) if act is Action.LOSS else (act, renumber.get(i, -1)) if act is Action.DROP
+                          else (act, at.get(i, -1)), j)
+            mapped.append(j)
+        mapped.reverse()
+        passes = weight_passes(p.pcg, p.layout, order.segments)
         first_use: dict[int, list[int]] = {}
         last_use: dict[int, list[int]] = {}
-        for w, passes in sorted(weight_passes(p.pcg, p.layout, order.segments).items()):
-            for n, readers in enumerate(passes):
-                kind = Action.FORWARD if n == 0 else Action.RECOMPUTE
-                steps = [at[i] for i in readers if i in at]
-                if steps:
-                    first_use.setdefault(index[(kind, steps[0])], []).append(w)
-                    last_use.setdefault(index[(kind, steps[-1])], []).append(w)
+        prefetch: dict[int, list[int]] = {}
+        for g in gathers(order, passes):
+            use, start = mapped[g.use], mapped[g.start]
+            readers = [at[i] for i in passes[g.weight][g.npass] if i in at]
+            if readers and use < len(actions):
+                first_use.setdefault(use, []).append(g.weight)
+                kind = Action.RECOMPUTE if g.npass else Action.FORWARD
+                last_use.setdefault(index[(kind, readers[-1])], []).append(g.weight)
+                if start < use:
+                    prefetch.setdefault(start, []).append(g.weight)
         return StepOrder(tuple(actions), frozenset(k for s in segs for k in s), frozenset(kept), tuple(segs),
-                         {j: tuple(ws) for j, ws in first_use.items()}, {j: tuple(ws) for j, ws in last_use.items()})
+                         {j: tuple(ws) for j, ws in first_use.items()}, {j: tuple(ws) for j, ws in last_use.items()},
+                         {j: tuple(ws) for j, ws in prefetch.items()})

@@ -15,7 +15,8 @@ with optimizer state for that shard only, and the shards are all-gathered back. 
 ZeRO-2 each micro-batch's gradients are reduce-scattered at the end of its backward, from a
 flat buffer made for that call, and added into the member's shard. Under ZeRO-3 each weight
 is its own unit and a member keeps only its shard: the executor gathers it before each pass
-that reads it (:meth:`ParamStore.gather_unit`) and frees it after.
+that reads it (:meth:`ParamStore.gather_unit`) and frees it after, starting each gather
+where the one before it is needed (:meth:`ParamStore.start_gather`, ``ir/recompute.gathers``).
 """
 from __future__ import annotations
 
@@ -91,8 +92,9 @@ class ParamStore:
         self.shards: dict[int, tuple[Any, Any]] = {}   # ZeRO: bucket index -> (flat masters, summed gradient shard)
         self.units: dict[int, int] = {}    # ZeRO-3: weight node -> its bucket index (only its shard is kept)
         buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes, zero)
-        if bucket_bytes:
+        if bucket_bytes or zero >= 3:     # the bucketed sync's, or ZeRO-3's prefetched gathers
             comm.setup_sync_groups(sorted({b.group for b in buckets}))
+        self.inflight: dict[int, tuple[Any, Any]] = {}   # ZeRO-3: weight node -> its gather in flight
         for b in buckets:
             if me not in b.group:
                 continue
@@ -156,6 +158,7 @@ class ParamStore:
             out += [(masters, "weights"), (shard, "gradients")]
         out += [(flat, "gradients") for _, flat in self.buckets if flat is not None]
         out += [(a, "gradients") for a in (*self.slots.values(), *self._full.values())]
+        out += [(flat, "weights") for flat, _ in self.inflight.values()]
         return out + [(a, "optimizer") for a in self.optimizer.arrays()]
 
     def _flat_buffer(self, b: SyncBucket, length: int, dtype: Any) -> Any:
@@ -173,15 +176,29 @@ class ParamStore:
 
     def gather_unit(self, weight: int) -> dict[TensorRef, Any]:
         """ZeRO-3: weight node ``weight`` all-gathered from its group's shards, and this rank's
-        resident pieces of it cut from the whole (the caller frees them after their pass)."""
+        resident pieces of it cut from the whole (the caller frees them after their pass);
+        if :meth:`start_gather` started it, it is waited for."""
+        k = self.units[weight]
+        b, _ = self.buckets[k]
+        mine, _ = self.shards[k]
+        if weight in self.inflight:
+            flat, request = self.inflight.pop(weight)
+            self.comm.wait([request])
+        else:
+            flat = self.xp.empty(mine.size * len(b.group), dtype=mine.dtype)
+            self.comm.allgather(b.group, mine, flat)
+        p = self._by_node[weight]
+        shape = self._region[p.name][0]
+        return self._cut(p, flat[:math.prod(shape)].reshape(shape))
+
+    def start_gather(self, weight: int) -> None:
+        """ZeRO-3's prefetch: start all-gathering weight node ``weight`` without waiting (on
+        the group's own communicator); :meth:`gather_unit` waits for it."""
         k = self.units[weight]
         b, _ = self.buckets[k]
         mine, _ = self.shards[k]
         flat = self.xp.empty(mine.size * len(b.group), dtype=mine.dtype)
-        self.comm.allgather(b.group, mine, flat)
-        p = self._by_node[weight]
-        shape = self._region[p.name][0]
-        return self._cut(p, flat[:math.prod(shape)].reshape(shape))
+        self.inflight[weight] = (flat, self.comm.iallgather(b.group, mine, flat))
 
     def _cut(self, p: ParamPlan, m: Any) -> dict[TensorRef, Any]:
         """This rank's resident pieces of weight ``p``, cut from its master region ``m``."""
