@@ -255,11 +255,12 @@ def test_zero2_shards_the_gradients_and_reduce_scatters_each_micro_batch(tiny_ml
 
 
 @pytest.mark.parametrize("devices", [2, 3, 4])
-def test_zero3_shards_the_weights_but_a_reader_keeps_its_gathered_copy(tiny_mlp, dgx8, devices):
+def test_zero3_shards_the_weights_and_gathers_each_for_forward_and_again_for_backward(tiny_mlp, dgx8, devices):
     """ZeRO-3 against ZeRO-2: each replica keeps 1/d of each weight (each weight its own
-    padded unit), and where its reader is not recomputed (the runtime's context keeps the
-    gathered weight until backward) the whole weight as well; the bytes are each weight's
-    reduce-scatter and one gather per micro-batch, no gather after the update."""
+    padded unit) where ZeRO-2 keeps it whole, and holds a weight gathered only while a pass
+    reads it, with the next in flight (here the MLP's two weights: as many bytes as ZeRO-2's
+    whole weights, as communication buffers); the bytes are each weight's reduce-scatter and
+    two gathers per micro-batch (forward's, and backward's: FSDP's), none after the update."""
     pcg = import_model(tiny_mlp, ImportOptions(12)).pcg
     two = _dp(pcg, dgx8.first(devices), CostConfig(training=Training(2))).report
     three = _dp(pcg, dgx8.first(devices), CostConfig(training=Training(3))).report
@@ -269,7 +270,7 @@ def test_zero3_shards_the_weights_but_a_reader_keeps_its_gathered_copy(tiny_mlp,
     plain = _dp(pcg, dgx8.first(devices)).report
     padded = sum(-(-w // devices) for w in per_weight)          # per weight, not one flat buffer
     assert [b - a for a, b in zip(plain.comm_bytes, three.comm_bytes)] == \
-        [2 * (devices - 1) * padded * 4 - round(Fraction(2 * (devices - 1) * PARAMS * 4, devices))] * devices
+        [3 * (devices - 1) * padded * 4 - round(Fraction(2 * (devices - 1) * PARAMS * 4, devices))] * devices
     assert three.training == Training(3)
 
 

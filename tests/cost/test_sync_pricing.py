@@ -181,7 +181,8 @@ def _gathers_exposed(report, device: int = 0) -> float:
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_a_zero3_gather_is_prefetched_behind_the_compute_before_it(recompute):
-    """Each of ZeRO-3's gathers starts where the one before it is needed (``ir/recompute.gathers``):
+    """Each of ZeRO-3's gathers (forward's, and a recompute's or backward's) starts where the
+    one before it is needed (``ir/recompute.gathers``):
     with no overlap measured the step pays every gather in full, as before; where the profile
     measured all of an all-reduce hiding under compute, every gather but the first hides
     behind the compute of the weight before it (the MLP's layers compute longer than they
@@ -194,7 +195,7 @@ def test_a_zero3_gather_is_prefetched_behind_the_compute_before_it(recompute):
                for f in (0.0, 1.0)}
     each = reports[0.0].comm_bytes
     assert reports[1.0].comm_bytes == each                  # the same bytes, moved earlier
-    passes = 2 if recompute == "full" else 1
+    passes = 2           # forward, and the recompute's or backward's
     exposed = {f: _gathers_exposed(r) for f, r in reports.items()}
     one = exposed[0.0] / (6 * passes)                       # every gather alike: 6 weights, each pass
     assert exposed[0.0] == pytest.approx(6 * passes * one)

@@ -101,8 +101,9 @@ def test_a_simulation_that_folds_the_recompute_into_backward_is_caught(plans, tm
 def test_each_zero3_gather_starts_where_the_one_before_it_is_needed(plans, tmp_path, name, ranks, strategy):
     """ZeRO-3's prefetch over the program's steps: the weights' passes gathered in the order
     they are needed, each started at the action where the one before it is needed (after
-    that one's gather), none before the first; a weight gathered once for the forward pass
-    and once for each segment whose recompute reads it."""
+    that one's gather), none before the first; a weight gathered once for the forward pass,
+    once for each segment whose recompute reads it, and once for the backward of its readers
+    that are not recomputed (FSDP's)."""
     model = small_model(plans, tmp_path, name)
     plan_path = tmp_path / "plan.json"
     optimize(model, cpu_spec(tmp_path, ranks), plan_path, 2 * ranks, "--strategy", strategy)
@@ -117,4 +118,12 @@ def test_each_zero3_gather_starts_where_the_one_before_it_is_needed(plans, tmp_p
     for w in {w for _, _, w in uses}:
         readers = {i for i, n in plan.pcg if layout[i] is None and any(layout[r.node] == w for r in n.inputs)}
         again = [s for s, seg in enumerate(order.segments) if readers & {program.steps[k].node for k in seg}]
-        assert sum(w in ws for ws in order.first_use.values()) == 1 + len(again), w
+        kept = readers - {program.steps[k].node for seg in order.segments for k in seg}
+        assert sum(w in ws for ws in order.first_use.values()) == 1 + len(again) + bool(kept), w
+        # a reader not recomputed gives the weight up after the forward pass and takes it back
+        # from the backward pass's gather, where backward first reads it
+        assert {program.steps[k].node for k in order.stashed.get(w, ())} == kept
+        if kept:
+            regain = [j for j, ws in order.regain.items() if w in ws]
+            assert len(regain) == 1 and w in order.first_use[regain[0]]
+            assert order.actions[regain[0]] == (Action.BACKWARD, max(order.stashed[w]))

@@ -131,6 +131,8 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     again = np.zeros_like(kept)
     workspace = np.zeros((len(segs), num_devices), dtype=np.int64)
     joint = []
+    first = np.zeros(num_devices, dtype=np.int64)      # ZeRO-3: the largest gathered copy alive
+    second = np.zeros(num_devices, dtype=np.int64)     # for one pass, and the next largest
     first_gather: dict[int, tuple[int, tuple[np.ndarray, int]]] = {}   # a segment's first recomputed gather
 
     def both(s: int | None, part: str, at: np.ndarray, nbytes) -> None:
@@ -150,15 +152,18 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             for part, nbytes in per_param.breakdown(shape.piece.numel, shape.copy_degree, zero).items():
                 both(home.get(i), part, at, nbytes)
             if zero >= 3 and shape.copy_degree > 1:
-                # ZeRO-3's gathered copy: kept from forward to backward by a reader that is not
-                # recomputed (its context), else alive while a recompute of its readers runs
+                # ZeRO-3's gathered copy: alive while a pass of its readers runs (forward, the
+                # backward of those not recomputed, a recompute: ir/recompute.weight_passes),
+                # one at a time with the next in flight, or through backward where that pass
+                # spans segments (a weight read in several); a recompute's is its workspace
                 gathered = per_param.weight * shape.piece.numel
                 readers = [u for u, _ in pcg.consumers[i] if layout[u] is None]
                 where = sorted({seg_of[u] for u in readers})
-                if any(u not in again_of for u in readers):     # one is never recomputed
+                if len({seg_of[u] for u in readers if u not in again_of}) > 1:
                     both(home.get(i), "weights", at, gathered)
                 elif len(where) == 1:
-                    np.add.at(kept[where[0], PART["weights"]], at, gathered)
+                    np.maximum.at(second, at, np.minimum(first[at], gathered))
+                    np.maximum.at(first, at, gathered)
                 elif where:
                     held = np.zeros(num_devices, dtype=np.int64)
                     np.add.at(held, at, gathered)
@@ -190,6 +195,7 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             np.add.at(workspace[s], at, out + extra)
     # While a segment is recomputed, the gather that the next one recomputed (the one before
     # it) needs first is in flight (``ir/recompute.gathers``): its buffer, beside the workspace.
+    fixed[PART["communication buffers"]] += first + second     # a pass's gather, and the next in flight
     order = sorted(first_gather)
     for prev, s in zip(order, order[1:]):
         at, gathered = first_gather[prev][1]

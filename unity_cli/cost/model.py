@@ -35,7 +35,7 @@ from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
-from ..ir.recompute import Action, NodeOrder, gathers, node_order, recomputed, weight_passes
+from ..ir.recompute import Action, NodeOrder, Pass, gathers, node_order, recomputed, weight_passes
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
 from ..ir.training import OPTIMIZER_STATES, Training, WeightBytes
@@ -163,7 +163,7 @@ class CostContext:
         return node_order(self.pcg, self.layout, self.structure.grads, t.recompute, t.recompute_segments)
 
     @functools.cached_property
-    def weight_passes(self) -> dict[int, tuple[tuple[int, ...], ...]]:
+    def weight_passes(self) -> dict[int, tuple[Pass, ...]]:
         """Per trainable weight, the passes of a micro-batch that read it (``ir/recompute.py``)."""
         return weight_passes(self.pcg, self.layout, self.recomputed)
 
@@ -443,7 +443,7 @@ def _fetches(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[Fetch]:
     alike: dict[tuple, set[int]] = {}
     for g in gathers(ctx.order, ctx.weight_passes):
         for group, seconds, overlap in by_weight.get(g.weight, ()):
-            alike.setdefault((g.start, g.use, seconds, overlap, Phase.BWD if g.npass else Phase.FWD),
+            alike.setdefault((g.start, g.use, seconds, overlap, Phase.FWD if g.kind is Action.FORWARD else Phase.BWD),
                              set()).update(group)
     return [Fetch(start, use, tuple(sorted(ds)), seconds, overlap, phase)
             for (start, use, seconds, overlap, phase), ds in alike.items()]

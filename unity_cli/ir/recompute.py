@@ -129,48 +129,64 @@ def recomputed(pcg: PCG, layout: Sequence[int | None], grads: frozenset[TensorRe
                  for s, seg in enumerate(segments(pcg, layout) if segs is None else segs))
 
 
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """A pass of a micro-batch that reads a weight: under ZeRO-3 it gathers the weight before
+    ``readers[0]`` and frees it after ``readers[-1]`` (:func:`weight_passes`)."""
+
+    kind: Action                # FORWARD, RECOMPUTE (a segment's) or BACKWARD
+    readers: tuple[int, ...]    # in the order the pass reaches them
+
+
 def weight_passes(pcg: PCG, layout: Sequence[int | None], again: Sequence[Sequence[int]]
-                  ) -> dict[int, tuple[tuple[int, ...], ...]]:
+                  ) -> dict[int, tuple[Pass, ...]]:
     """Per trainable weight (its source node) that something reads, the passes of a
-    micro-batch that read it, each as its readers in order: the forward pass (every
-    activation node that reads one of its layouts), then the recompute of each segment of
-    ``again`` (:func:`recomputed`) that holds a reader. Under ZeRO-3 each pass gathers the
-    weight before its first reader and frees it after its last (``ir/training.py``)."""
+    micro-batch that read it: the forward pass (every activation node that reads one of its
+    layouts, in order), the recompute of each segment of ``again`` (:func:`recomputed`) that
+    holds a reader, and the backward pass of the readers that are not recomputed (in reverse
+    order), whose contexts give the weight up after the forward pass, as FSDP's do. Under
+    ZeRO-3 each pass gathers the weight before its first reader and frees it after its last
+    (``ir/training.py``); a recomputed reader keeps the recompute's until its backward."""
     readers: dict[int, list[int]] = {}
     for i in activation_nodes(pcg, layout):
         for w in sorted({layout[r.node] for r in pcg.nodes[i].inputs if layout[r.node] is not None}):
             if isinstance(op := pcg.nodes[w].op, WeightAttrs) and op.trainable:
                 readers.setdefault(w, []).append(i)
+    redone = {i for seg in again for i in seg}
     out = {}
     for w, rs in readers.items():
         read = set(rs)
-        out[w] = (tuple(rs), *(tuple(i for i in seg if i in read) for seg in again if read & set(seg)))
+        kept = tuple(i for i in reversed(rs) if i not in redone)
+        out[w] = (Pass(Action.FORWARD, tuple(rs)),
+                  *(Pass(Action.RECOMPUTE, tuple(i for i in seg if i in read)) for seg in again if read & set(seg)),
+                  *((Pass(Action.BACKWARD, kept),) if kept else ()))
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class Gather:
     """One of ZeRO-3's gathers in a micro-batch (:func:`gathers`): ``weight`` (its source
-    node) for its pass ``npass`` (0: forward; k: the k-th recompute that reads it), needed
-    at action ``use`` of the :class:`NodeOrder` (its pass's first reader) and started at
-    action ``start``, before that action runs (``start == use``: not prefetched)."""
+    node) for its pass ``npass`` (an index into :func:`weight_passes`' tuple), of ``kind``,
+    needed at action ``use`` of the :class:`NodeOrder` (its pass's first reader) and started
+    at action ``start``, before that action runs (``start == use``: not prefetched)."""
 
     weight: int
     npass: int
+    kind: Action
     use: int
     start: int
 
 
-def gathers(order: NodeOrder, passes: Mapping[int, Sequence[Sequence[int]]]) -> tuple[Gather, ...]:
+def gathers(order: NodeOrder, passes: Mapping[int, Sequence[Pass]]) -> tuple[Gather, ...]:
     """ZeRO-3's gathers of one micro-batch under ``order``, in the order they are needed
     (``passes``: :func:`weight_passes`), each prefetched one ahead, as FSDP's forward and
     backward prefetch: a gather starts where the one before it is needed (the first where it
     is needed itself), so it moves while the previous weight's readers compute, and at most
     one gathered weight is in flight. Gathers needed at one action start there."""
     index = {a: j for j, a in enumerate(order.actions)}
-    uses = sorted((index[(Action.RECOMPUTE if k else Action.FORWARD, readers[0])], w, k)
-                  for w, ps in passes.items() for k, readers in enumerate(ps) if readers)
-    return tuple(Gather(w, k, use, uses[n - 1][0] if n else use) for n, (use, w, k) in enumerate(uses))
+    uses = sorted((index[(p.kind, p.readers[0])], w, k, p.kind)
+                  for w, ps in passes.items() for k, p in enumerate(ps) if p.readers)
+    return tuple(Gather(w, k, kind, use, uses[n - 1][0] if n else use) for n, (use, w, k, kind) in enumerate(uses))
 
 
 class Action(Enum):

@@ -123,7 +123,7 @@ class WeightBytes:
     ``4 + 4 + 8/d`` (float32) or ``2 + 4 + 12/d`` (mixed) over ``d`` replicas, and ``4/d``
     for the gradient shard it reduce-scatters into (a communication buffer); ZeRO-2 the
     gradient too: ``4 + 12/d`` or ``2 + 16/d``; ZeRO-3 the weight too: ``16/d`` or ``18/d``
-    (and the gathered weight where a reader keeps it: ``cost/model.memory_account``).
+    (and the gathered weights a pass reads, one at a time: ``cost/memory.memory_table``).
     """
 
     weight: int       # the copy the kernels read

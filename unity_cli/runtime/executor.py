@@ -27,7 +27,7 @@ from ..ir.pieces import piece_attrs, piece_region
 from ..ir.schedule import read_shape
 from ..ir.training import Training
 from .comm import Comm, make_comm
-from .ledger import Ledger
+from .ledger import Ledger, root
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
 from .phases import Buf, ByteCounter, StepClock, TimedComm, count_call
@@ -60,6 +60,53 @@ def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | Non
     comm.setup_groups(program.groups)
     params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes, training.zero)
     return program, comm, params, Executor(program, comm, xp, params, loss, constants, training)
+
+
+def _address(a: Any) -> int:
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data    # cupy | numpy
+
+
+@dataclass(frozen=True, slots=True)
+class _Stashed:
+    """An array of a kernel's context given up until backward (``Executor._stash``): a view
+    of weight piece ``ref``'s memory, at ``offset`` bytes into it."""
+
+    ref: TensorRef
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @staticmethod
+    def of(a: Any, refs: Mapping[int, TensorRef]) -> Any:
+        """``a`` stashed if its memory is that of one of ``refs`` (by owner id), else ``a``."""
+        r = root(a)
+        if id(r) not in refs:
+            return a
+        return _Stashed(refs[id(r)], _address(a) - _address(r), tuple(a.shape), tuple(a.strides))
+
+    def view(self, piece: Any) -> Any:
+        """The same view of ``piece``'s memory (the piece gathered again: the same layout)."""
+        r = root(piece)
+        if hasattr(r.data, "ptr"):                                      # cupy
+            import cupy  # noqa: PLC0415
+            return cupy.ndarray(self.shape, r.dtype, cupy.cuda.MemoryPointer(r.data.mem, r.data.ptr - r.data.mem.ptr
+                                                                             + self.offset), self.strides)
+        return np.ndarray(self.shape, r.dtype, r, self.offset, self.strides)
+
+
+def _swap(obj: Any, fn: Callable[[Any], Any], also: type | None = None) -> Any:
+    """``obj`` (a kernel's context: nested tuples, lists and dataclasses of arrays) with each
+    array ``a`` (and each ``also`` instance) replaced by ``fn(a)``."""
+    if hasattr(obj, "nbytes") and hasattr(obj, "shape") or also is not None and isinstance(obj, also):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):      # a named tuple
+        return type(obj)(*(_swap(x, fn, also) for x in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_swap(x, fn, also) for x in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _swap(getattr(obj, f.name), fn, also)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
 
 
 LOSS_TAG = 32001
@@ -133,6 +180,7 @@ class Executor:
         self.ledger: Ledger | None = None
         """Measures the bytes this rank holds between actions (``ledger.py``; see :meth:`measure`)."""
         self.ctx_keys: dict[int, list] = {}
+        self._unkeyed: dict[tuple[int, int], list[TensorRef]] = {}   # ZeRO-3: the ledger's keys a stash took
         self._target: Any = None
         self.loss_scale = 1.0
 
@@ -220,6 +268,8 @@ class Executor:
             for w in order.first_use.get(j, ()) if units else ():     # ZeRO-3: gathered for the pass
                 if w in units:
                     self.values.update(self.params.gather_unit(w))
+                    if w in order.regain.get(j, ()):
+                        self._restore(w)
             for w in order.prefetch.get(j, ()) if units else ():      # and the next one started
                 if w in units:
                     self.params.start_gather(w)
@@ -253,6 +303,9 @@ class Executor:
                             self.values.pop(TensorRef(self.mine[i].step.node, o), None)
                 case _:
                     assert_never(act)
+            for w in order.drop.get(j, ()) if units else ():          # contexts give it up for backward
+                if w in units:
+                    self._stash(w)
             for w in order.last_use.get(j, ()) if units else ():      # and freed after it
                 if w in units:
                     for ref in self._unit_refs[w]:
@@ -327,6 +380,41 @@ class Executor:
     def _forward_only(self, m: _Mine) -> None:
         """A recomputed step's forward: its context is not kept (backward makes it again)."""
         self._forward(m, keep=False)
+
+    def _stash(self, w: int) -> None:
+        """ZeRO-3: the contexts of weight ``w``'s readers give up its gathered pieces (each
+        array that is one of them, or a view of one, becomes a :class:`_Stashed`), so the
+        gather is freed after the forward pass; :meth:`_restore` gives them back."""
+        held = [r for r in self._unit_refs[w] if r in self.values]
+        refs = {id(root(self.values[r])): r for r in held}
+        gone = {("ref", r) for r in held}
+        for k in self.order.stashed.get(w, ()):
+            i = self.mine[k].step.node
+            if i not in self.ctx:
+                continue
+            ctx = self.ctx[i]
+            self.ctx[i] = dataclasses.replace(ctx, saved=_swap(ctx.saved, lambda a: _Stashed.of(a, refs)))
+            if i in self.ctx_keys:
+                self._unkeyed[(i, w)] = [e[0][1] for e in self.ctx_keys[i] if e[0] in gone]
+                self.ctx_keys[i] = [e for e in self.ctx_keys[i] if e[0] not in gone]
+
+    def _restore(self, w: int) -> None:
+        """ZeRO-3: the contexts :meth:`_stash` emptied take weight ``w``'s pieces back from its
+        backward gather (each as the same view of the new array)."""
+        mine = set(self._unit_refs[w])
+
+        def back(a: Any) -> Any:
+            return a.view(self.values[a.ref]) if isinstance(a, _Stashed) and a.ref in mine else a
+
+        for k in self.order.stashed.get(w, ()):
+            i = self.mine[k].step.node
+            if i not in self.ctx:
+                continue
+            ctx = self.ctx[i]
+            self.ctx[i] = dataclasses.replace(ctx, saved=_swap(ctx.saved, back, _Stashed))
+            if self.ledger and i in self.ctx_keys:
+                self.ledger.refresh()
+                self.ctx_keys[i] += [self.ledger.value_entry(r, self.values[r]) for r in self._unkeyed.pop((i, w), ())]
 
     def _forward(self, m: _Mine, keep: bool = True) -> None:
         xp, t = self.xp, m.task

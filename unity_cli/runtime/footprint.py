@@ -162,6 +162,8 @@ class _Walk:
         order = self.order
         self.values: dict[tuple, Entry] = {}
         self.ctx: dict[int, dict[tuple, Entry]] = {}
+        self.stashed: dict[tuple[int, int], dict[tuple, Entry]] = {}   # ZeRO-3: (step, weight) -> what its
+        # context gave up until backward
         self.grads: dict[TensorRef, int] = {}
         self.fed: dict[tuple, Entry] = {}
         issued = 0
@@ -170,6 +172,9 @@ class _Walk:
                 self.values.pop(("prefetch", w), None)
                 for ref in self.units.get(w, ()):
                     self.values[("ref", ref)] = (self._bytes(ref), "weights")
+                if w in self.units and w in order.regain.get(j, ()):      # Executor._restore
+                    for r in order.stashed[w]:
+                        self.ctx.get(r, {}).update(self.stashed.pop((r, w), {}))
             for w in order.prefetch.get(j, ()):          # ParamStore.start_gather
                 if w in self.gathered:
                     self.values[("prefetch", w)] = (self.gathered[w], "weights")
@@ -199,6 +204,10 @@ class _Walk:
                             self.values.pop(("ref", TensorRef(node, o)), None)
                 case _:
                     assert_never(act)
+            for w in order.drop.get(j, ()) if self.units else ():      # Executor._stash
+                for r in order.stashed[w] if w in self.units else ():
+                    self.stashed[(r, w)] = {key: self.ctx[r].pop(key) for key in [("ref", ref) for ref in self.units[w]]
+                                            if r in self.ctx and key in self.ctx[r]}
             for w in order.last_use.get(j, ()):
                 for ref in self.units.get(w, ()):
                     self.values.pop(("ref", ref), None)

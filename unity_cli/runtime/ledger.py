@@ -106,7 +106,12 @@ class Ledger(Peak):
         self._constants = [n.name for _, n in p.pcg if n.kind == "Weight" and not _trainable(n)]
         self._param_roots = {id(root(a)) for a, _ in ex.params.held()}
 
-    def _value(self, ref: Any, a: Any) -> tuple[tuple, int, str]:
+    def refresh(self) -> None:
+        """Read again which arrays the weights' store holds (a gather in flight when the
+        last sample was taken may be a value now)."""
+        self._param_roots = {id(root(a)) for a, _ in self.ex.params.held()}
+
+    def value_entry(self, ref: Any, a: Any) -> tuple[tuple, int, str]:
         """The key, bytes and part of a value the executor holds: a weight piece that is its
         master (or a slice of it) is that array; any other value is its own tensor (a
         kernel's view of a weight, a transpose, too: a tensor, at its size)."""
@@ -120,7 +125,7 @@ class Ledger(Peak):
         """What a kernel's context (of the executor's step ``m``) keeps, as ledger entries."""
         kept_in, kept_out, extra = classify(saved, ins, outs)
         sources = self._source_roots()
-        self._param_roots = {id(root(a)) for a, _ in self.ex.params.held()}   # (a gather done since: not)
+        self.refresh()
         out = []
         for ri in sorted(kept_in):
             rd, r = m.task.reads[ri], root(ins[ri])
@@ -130,8 +135,8 @@ class Ledger(Peak):
                 if id(r) not in sources:
                     out.append((("root", id(r)), r.nbytes, "inputs and constants"))
             else:
-                out.append(self._value(rd.ref, self.ex.values[rd.ref]))
-        out += [self._value(TensorRef(m.step.node, j), outs[j]) for j in sorted(kept_out)]
+                out.append(self.value_entry(rd.ref, self.ex.values[rd.ref]))
+        out += [self.value_entry(TensorRef(m.step.node, j), outs[j]) for j in sorted(kept_out)]
         out += [(("root", k), nbytes, "activations") for k, nbytes in extra.items()]
         return out
 
@@ -152,7 +157,7 @@ class Ledger(Peak):
             held.setdefault(("root", id(r)), (r.nbytes, part))
         self._param_roots = {k[1] for k in held}
         for ref, a in [*ex._resident.items(), *ex.values.items()]:
-            key, nbytes, part = self._value(ref, a)
+            key, nbytes, part = self.value_entry(ref, a)
             held.setdefault(key, (nbytes, part))
         for entries in ex.ctx_keys.values():
             for key, nbytes, part in entries:

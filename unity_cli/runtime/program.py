@@ -124,6 +124,12 @@ class StepOrder:
     # per action index, the weights whose gather for a later action starts there, after its
     # own gathers are done (ZeRO-3's prefetch: ir/recompute.gathers)
     prefetch: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # per weight gathered again for backward, the steps whose contexts give it up after the
+    # forward pass (at the action ``drop`` names) and take it back from the backward pass's
+    # gather (at the action ``regain`` names)
+    stashed: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    drop: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    regain: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @staticmethod
     def of(p: Program, mode: Recompute = Recompute.NONE, limit: int = 0) -> StepOrder:
@@ -158,18 +164,22 @@ class StepOrder:
             mapped.append(j)
         mapped.reverse()
         passes = weight_passes(p.pcg, p.layout, order.segments)
-        first_use: dict[int, list[int]] = {}
-        last_use: dict[int, list[int]] = {}
-        prefetch: dict[int, list[int]] = {}
+        uses: dict[str, dict[int, list[int]]] = {"first": {}, "last": {}, "prefetch": {}, "drop": {}, "regain": {}}
+        stashed: dict[int, tuple[int, ...]] = {}
         for g in gathers(order, passes):
             use, start = mapped[g.use], mapped[g.start]
-            readers = [at[i] for i in passes[g.weight][g.npass] if i in at]
-            if readers and use < len(actions):
-                first_use.setdefault(use, []).append(g.weight)
-                kind = Action.RECOMPUTE if g.npass else Action.FORWARD
-                last_use.setdefault(index[(kind, readers[-1])], []).append(g.weight)
-                if start < use:
-                    prefetch.setdefault(start, []).append(g.weight)
+            readers = [at[i] for i in passes[g.weight][g.npass].readers if i in at]
+            if not readers or use >= len(actions):
+                continue
+            uses["first"].setdefault(use, []).append(g.weight)
+            uses["last"].setdefault(index[(g.kind, readers[-1])], []).append(g.weight)
+            if start < use:
+                uses["prefetch"].setdefault(start, []).append(g.weight)
+            if g.kind is Action.BACKWARD:
+                stashed[g.weight] = tuple(readers)
+                uses["regain"].setdefault(use, []).append(g.weight)
+                ahead = [at[i] for i in passes[g.weight][0].readers if i in at]
+                uses["drop"].setdefault(index[(Action.FORWARD, ahead[-1])], []).append(g.weight)
+        out = {name: {j: tuple(ws) for j, ws in by.items()} for name, by in uses.items()}
         return StepOrder(tuple(actions), frozenset(k for s in segs for k in s), frozenset(kept), tuple(segs),
-                         {j: tuple(ws) for j, ws in first_use.items()}, {j: tuple(ws) for j, ws in last_use.items()},
-                         {j: tuple(ws) for j, ws in prefetch.items()})
+                         out["first"], out["last"], out["prefetch"], stashed, out["drop"], out["regain"])

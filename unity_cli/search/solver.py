@@ -398,8 +398,7 @@ class Tables:
                         # bytes, priced as it; the update runs on the replica's shard)
                         moved = pricer.move(pcg.shape(r), want, kind)
                         if zero >= 3:    # each micro-batch: a reduce-scatter, and a gather per pass
-                            passes = 1 if again is Again.NO else 2
-                            moved *= micro * (1 + passes) / 2
+                            moved *= micro * 3 / 2      # (forward, and backward's or the recompute's)
                         elif zero >= 2:  # a reduce-scatter (half the all-reduce) every micro-batch
                             moved *= (micro + 1) / 2
                         numel = want.piece.numel
@@ -407,8 +406,6 @@ class Tables:
                         t += moved + update_seconds(updated, device, config, synced=moved > 0)
                         sync += moved
                         mem += per_param.per_device(numel, want.copy_degree, zero)
-                        if zero >= 3 and want.copy_degree > 1 and again is Again.NO:
-                            mem += per_param.weight * numel    # its context keeps the gathered weight
                     case Tensor.CONSTANT:
                         t += pricer.move(pcg.shape(r), want, kind)
                         mem += want.piece.numel * 4
