@@ -49,14 +49,26 @@ class MemoryTable:
     joint: tuple[tuple[int, int, np.ndarray], ...] = ()
     """ZeRO-3's gathered copies that readers in several segments keep, all of them recomputed:
     (first, last segment, bytes per device), held unless every such segment recomputes."""
+    transient: np.ndarray | None = None
+    """[device]: ZeRO-3's gathers alive at the start of backward (the pass reading one, the
+    next in flight), when no recompute workspace is: the larger of the two counts."""
+
+    def _moment(self, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The workspace and the gathers in flight of the busiest moment of backward."""
+        if self.transient is None:
+            return ws, np.zeros_like(ws)
+        first = ws >= self.transient
+        return np.where(first, ws, 0), np.where(first, 0, self.transient)
 
     def at(self, limit: int = 0) -> dict[str, np.ndarray]:
         """The bytes per device by part when the first ``limit`` segments recompute (0: all)."""
         n = len(self.kept)
         active = np.arange(n) < (limit or n)
         total = self.fixed + np.where(active[:, None, None], self.again, self.kept).sum(axis=0)
-        if active.any():
-            total[PART["recompute workspace"]] += self.workspace[active].max(axis=0)
+        ws, flight = self._moment(self.workspace[active].max(axis=0) if active.any()
+                                  else np.zeros(self.fixed.shape[1], dtype=np.int64))
+        total[PART["recompute workspace"]] += ws
+        total[PART["communication buffers"]] += flight
         for _, last, held in self.joint:
             if limit and limit <= last:
                 total[PART["weights"]] += held
@@ -68,9 +80,11 @@ class MemoryTable:
         n = len(self.kept)
         fixed = self.fixed.sum(axis=0)
         if not n:
-            return fixed[None, :]
+            return (fixed + sum(self._moment(np.zeros_like(fixed))))[None, :]
         again, kept = np.cumsum(self.again.sum(axis=1), axis=0), np.cumsum(self.kept.sum(axis=1), axis=0)
         ws = np.maximum.accumulate(self.workspace, axis=0)
+        if self.transient is not None:
+            ws = np.maximum(ws, self.transient)
         out = np.empty((n + 1, fixed.shape[0]), dtype=np.int64)
         out[1:] = fixed + again + (kept[-1] - kept) + ws
         for _, last, held in self.joint:
@@ -96,7 +110,8 @@ class MemoryTable:
                 joint.extend((first + k * period, last + k * period, held) for k in range(times + 1))
             else:
                 joint.append((first, last + times * period, held))
-        return MemoryTable(self.fixed, grown(self.kept), grown(self.again), grown(self.workspace), tuple(joint))
+        return MemoryTable(self.fixed, grown(self.kept), grown(self.again), grown(self.workspace), tuple(joint),
+                           self.transient)
 
 
 def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
@@ -195,12 +210,11 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             np.add.at(workspace[s], at, out + extra)
     # While a segment is recomputed, the gather that the next one recomputed (the one before
     # it) needs first is in flight (``ir/recompute.gathers``): its buffer, beside the workspace.
-    fixed[PART["communication buffers"]] += first + second     # a pass's gather, and the next in flight
     order = sorted(first_gather)
     for prev, s in zip(order, order[1:]):
         at, gathered = first_gather[prev][1]
         np.add.at(workspace[s], at, gathered)
-    return MemoryTable(fixed, kept, again, workspace, tuple(joint))
+    return MemoryTable(fixed, kept, again, workspace, tuple(joint), first + second if zero >= 3 else None)
 
 
 def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],

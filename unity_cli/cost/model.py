@@ -35,7 +35,7 @@ from ..ir.opspec import backward_mask, spec_of
 from ..ir.pcg import PCG
 from ..ir.phase import Phase, StepNode
 from ..ir.pieces import piece_op
-from ..ir.recompute import Action, NodeOrder, Pass, gathers, node_order, recomputed, weight_passes
+from ..ir.recompute import Action, Gather, NodeOrder, Pass, gathers, node_order, recomputed, weight_passes
 from ..ir.schedule import gather_then_replicate, layout_sources, loss_pieces, stored_layout
 from ..ir.shapes import ParallelTensorShape
 from ..ir.training import OPTIMIZER_STATES, Training, WeightBytes
@@ -161,6 +161,11 @@ class CostContext:
         """The order of a micro-batch's work, which the simulation walks (``ir/recompute.py``)."""
         t = self.config.training
         return node_order(self.pcg, self.layout, self.structure.grads, t.recompute, t.recompute_segments)
+
+    @functools.cached_property
+    def gathers(self) -> tuple[Gather, ...]:
+        """ZeRO-3's gathers of a micro-batch, in the order they are needed (``ir/recompute.gathers``)."""
+        return gathers(self.order, self.weight_passes)
 
     @functools.cached_property
     def weight_passes(self) -> dict[int, tuple[Pass, ...]]:
@@ -430,18 +435,23 @@ def _fetches(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[Fetch]:
     """ZeRO-3's gathers of one micro-batch (``SyncWhen.BEFORE_USE``) as the runtime makes them:
     each pass's, started where the gather before it is needed (``ir/recompute.gathers``)."""
     zero, cluster, profile = ctx.config.training.zero, ctx.cluster, ctx.config.profile
+    if zero < 3:
+        return []
     by_weight: dict[int, list[tuple[tuple[int, ...], float, float]]] = {}
+    priced: dict[tuple, float] = {}
+    overlap = {n.device: (profile.sync_overlap(n.device) or 0.0) if profile is not None else 0.0 for n in cluster.nodes}
     for b in flat:
-        calls = [c for c in sync_calls(b, zero) if c.when is SyncWhen.BEFORE_USE]
+        calls = tuple((c.group, c.nbytes) for c in sync_calls(b, zero) if c.when is SyncWhen.BEFORE_USE)
         if calls:
-            seconds = phase_seconds([_call_move(c) for c in calls], cluster, profile)[Phase.SYNC]
-            overlap = min((profile.sync_overlap(cluster.device_type(d)) or 0.0) if profile is not None else 0.0
-                          for d in b.group)
-            by_weight.setdefault(b.weights[0], []).append((b.group, seconds, overlap))
+            if calls not in priced:
+                priced[calls] = phase_seconds([Move(Collective.ALL_GATHER, Phase.SYNC, g, n) for g, n in calls],
+                                              cluster, profile)[Phase.SYNC]
+            hides = min(overlap[cluster.device_type(d)] for d in b.group) if profile is not None else 0.0
+            by_weight.setdefault(b.weights[0], []).append((b.group, priced[calls], hides))
     if not by_weight:
         return []
     alike: dict[tuple, set[int]] = {}
-    for g in gathers(ctx.order, ctx.weight_passes):
+    for g in ctx.gathers:
         for group, seconds, overlap in by_weight.get(g.weight, ()):
             alike.setdefault((g.start, g.use, seconds, overlap, Phase.FWD if g.kind is Action.FORWARD else Phase.BWD),
                              set()).update(group)
@@ -637,9 +647,19 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
     pending = [c for c in syncs if c.ready != AFTER_BACKWARD]   # in the order they start
     issued = 0
 
-    def at_own_time(devices: np.ndarray, seconds: np.ndarray, phase: Phase, comm: bool) -> None:
-        """Work each device does on its compute stream from where it is (grouped by start)."""
+    def at_own_time(devices: np.ndarray, seconds: np.ndarray | float, phase: Phase, comm: bool,
+                    who: tuple[int, ...] = ()) -> None:
+        """Work each device does on its compute stream from where it is (grouped by start;
+        ``seconds`` one for all of ``who``, the devices as a tuple: at once where they are alike)."""
         starts = free_compute[devices]
+        if who:
+            t0 = float(starts[0])
+            if (starts == t0).all():
+                if seconds > 0:
+                    events.append(Event(SYNC_NODE, phase, Stream.COMPUTE, who, t0, t0 + seconds, comm))
+                free_compute[devices] = t0 + seconds
+                return
+            seconds = np.full(len(devices), seconds)
         for t in np.unique(starts):
             ds = devices[starts == t]
             dur = seconds[starts == t]
@@ -676,7 +696,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
         start = max(float(free_compute[ix].max()), float(free_comm[ix].max()))
         block = (1.0 - f.overlap) * f.seconds
         if block > 0:
-            at_own_time(ix, np.full(len(ix), block), f.phase, True)
+            at_own_time(ix, block, f.phase, True, f.devices)
         events.append(Event(SYNC_NODE, f.phase, Stream.COMM, f.devices, start, start + f.seconds, hidden=True))
         free_comm[ix] = start + f.seconds
         gathered.setdefault(f.use, []).append((ix, start + f.seconds, f.phase))
@@ -688,7 +708,7 @@ def _simulate(pcg: PCG, devs: Sequence[tuple[int, ...]], costs: Sequence[NodeCos
             fetch(f)
         for ix, end, phase in gathered.pop(a, ()):      # waiting for a gather is the pass's communication
             late = np.maximum(end - free_compute[ix], 0.0)
-            if late.any():
+            if late.max() > 0:
                 at_own_time(ix, late, phase, True)
         match act:
             case Action.FORWARD:

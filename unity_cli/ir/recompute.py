@@ -152,13 +152,16 @@ def weight_passes(pcg: PCG, layout: Sequence[int | None], again: Sequence[Sequen
         for w in sorted({layout[r.node] for r in pcg.nodes[i].inputs if layout[r.node] is not None}):
             if isinstance(op := pcg.nodes[w].op, WeightAttrs) and op.trainable:
                 readers.setdefault(w, []).append(i)
-    redone = {i for seg in again for i in seg}
+    seg_of = {i: s for s, seg in enumerate(again) for i in seg}
     out = {}
     for w, rs in readers.items():
-        read = set(rs)
-        kept = tuple(i for i in reversed(rs) if i not in redone)
+        by_seg: dict[int, list[int]] = {}
+        for i in rs:
+            if i in seg_of:
+                by_seg.setdefault(seg_of[i], []).append(i)
+        kept = tuple(i for i in reversed(rs) if i not in seg_of)
         out[w] = (Pass(Action.FORWARD, tuple(rs)),
-                  *(Pass(Action.RECOMPUTE, tuple(i for i in seg if i in read)) for seg in again if read & set(seg)),
+                  *(Pass(Action.RECOMPUTE, tuple(by_seg[s])) for s in sorted(by_seg)),
                   *((Pass(Action.BACKWARD, kept),) if kept else ()))
     return out
 

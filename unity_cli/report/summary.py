@@ -7,8 +7,7 @@ from dataclasses import replace
 
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes as fmt_bytes
-from ..cost.model import estimate, layout_sources, memory_account, weight_syncs
-from ..cost.moves import Structure, node_moves
+from ..cost.model import CostContext, estimate, layout_sources, memory_account, node_cost_and_moves, weight_syncs
 from ..ir.buckets import sync_buckets
 from ..ir.recompute import Recompute
 from ..plan.config import plan_config
@@ -115,8 +114,9 @@ def sync_summary(plan: Plan) -> dict[str, int]:
     """The plan's gradient sync as its ranks run it (``ir/buckets.py``): its bucket bytes
     (0: flat), how many all-reduces (under ZeRO, reduce-scatters) a step makes, their bytes
     in all, and its ZeRO stage."""
-    st = Structure.of(plan.pcg, plan.cluster.num_devices)
-    moves = [node_moves(st, i, plan.views) if i in st.sync else () for i in range(len(plan.pcg))]
+    ctx = CostContext.of(plan.pcg, plan.cluster, plan_config(plan))    # (the prices the search made)
+    st = ctx.structure
+    moves = [node_cost_and_moves(ctx, i, plan.views)[1] if i in st.sync else () for i in range(len(plan.pcg))]
     buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes, plan.training.zero)
     return {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
             "bytes": sum(b.nbytes for b in buckets), "zero": plan.training.zero}
