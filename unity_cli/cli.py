@@ -306,13 +306,17 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         fixed_zero = 0
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently
     shapes = _parse_inputs(inputs)
-    imported = import_model(model, ImportOptions(batch_size, shapes))
-    micro = {1: imported}
+    # --batch-size is the global batch; with mb=K given, the model is read at the micro-batch
+    # size first (an export of a fixed batch reads at its own batch times K)
+    first = fixed_micro if fixed_micro and batch_size and batch_size % fixed_micro == 0 else 1
+    micro = {first: import_model(model, ImportOptions(batch_size // first if batch_size else None, {
+        name: (dims[0] // first, *dims[1:]) for name, dims in shapes.items()}))}
+    global_batch = micro[first].batch_size * first
 
     def graph_for(k: int):
         """The graph at the micro-batch size of k micro-batches (each input's batch dim / k)."""
         if k not in micro:
-            micro[k] = import_model(model, ImportOptions(imported.batch_size // k, {
+            micro[k] = import_model(model, ImportOptions(global_batch // k, {
                 name: (dims[0] // k, *dims[1:]) for name, dims in shapes.items()}))
         return micro[k].pcg
     if profile_path and no_profile:
@@ -329,7 +333,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         progress(min(costed[0], work), work, f"{costed[0]} candidates, best {best * 1e3:.3f} ms")
 
     try:
-        result, k = optimize_step(graph_for, imported.batch_size, cluster, config, strategy, fixed_zero,
+        result, k = optimize_step(graph_for, global_batch, cluster, config, strategy, fixed_zero,
                                   fixed_micro, fixed_recompute, rules=rules.rules, budget=budget, alpha=alpha,
                                   progress=report, max_candidates=max_candidates, started=started)
     finally:
@@ -349,7 +353,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
         left_out = f"; left out: {', '.join(result.not_priced)}" if result.not_priced else ""
         notes.append(f"--budget {budget:g} s cut the search short{left_out}: the plan may differ on a faster "
                      "machine (--max-candidates gives the same plan on every machine)")
-    if micro[1].batch_defaulted:
+    if micro[first].batch_defaulted:
         notes.append(f"the model's batch dim is symbolic; planned for batch {DEFAULT_BATCH} (set --batch-size)")
     if as_json:
         doc = {"plan": out_path, "strategy": plan.strategy, "predicted": plan.predicted,

@@ -63,6 +63,23 @@ def test_trains_like_one_process_and_sends_what_it_predicts(plans, tmp_path, mod
     assert doc["memory_bytes"]["parts"]["measured"] == doc["memory_bytes"]["parts"]["predicted"]
 
 
+def test_an_export_of_a_fixed_batch_takes_micro_batches_of_it(plans, tmp_path):
+    """``--batch-size`` is the global batch: a dynamo export whose shapes fix the batch at 4
+    plans 2 micro-batches of 4 at batch 8 (read at the micro-batch's size, not refused for
+    the global one), and trains so under ``--check``, whose one-process run, unable to take
+    the batch whole, runs the micro-batches one at a time and averages them."""
+    model = plans.model("bert_tiny_dynamo")
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(cpu_spec(tmp_path, 2)), "--batch-size",
+                                 "16", "--out", str(plan)])
+    assert r.exit_code != 0 and "exported [4, 32]" in r.output      # still: one batch of 16 it cannot be
+    optimize(model, cpu_spec(tmp_path, 2), plan, 8, "--strategy", "tp=1,dp=2,zero=3,mb=2")
+    assert load_plan(plan).training == Training(3, 2)
+    doc = run_json(plan, "--steps", "2", "--check", ranks=2)
+    assert doc["check"]["passed"], doc["check"]
+    assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"]
+
+
 def test_adam_state_on_shards_updates_like_whole_weights(plans, tmp_path):
     """Adam's state kept for a shard of the flat buffer gives the update Adam gives the whole
     weight (each element's update is its own), over several steps."""

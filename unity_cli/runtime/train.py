@@ -404,17 +404,23 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
     if _fault_rank("UNITY_FAULT_GRAD_RANK", comm.size) == rank:
         job.params.fault_scale = GRAD_FAULT
     reference = None
+    reference_batches = micro        # the one-process run's passes per step (1: the batch whole)
     check = None
     if opts.check:
 
         check = CheckResult()
         job.params.keep_synced = True
         if rank == 0:
-            # k micro-batches of b must train as one batch of k*b: the one-process run takes them whole
+            # k micro-batches of b must train as one batch of k*b: the one-process run takes them
+            # whole, or, from an export whose shapes fix the batch at b, one at a time (averaged)
             whole, constants = job.imported, job.weights.constants
             if micro > 1:   # constants folded at import may have the batch in their shape
-                whole = import_for_plan(job.model, job.plan, micro)
-                constants = weight_values(job.model, whole, [whole.pcg], opts.seed).constants
+                try:
+                    whole = import_for_plan(job.model, job.plan, micro)
+                    constants = weight_values(job.model, whole, [whole.pcg], opts.seed).constants
+                    reference_batches = 1
+                except UnityError:
+                    whole = job.imported
             reference = Reference(whole.pcg, job.backend, xp, job.weights.trainable, constants,
                                   job.loss, job.optimizer)
     if not opts.check:     # the masters hold this rank's part of each weight: the whole ones go
@@ -441,9 +447,14 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
             grads = unfold(job.params.gather(0, "grads"), job.plan.pcg)
             after = unfold(job.params.gather(0), job.plan.pcg)
             if reference is not None and check is not None:
-                inputs = {name: np.concatenate([b.inputs[name] for b in batches]) for name in batches[0].inputs}
-                target = xp.asarray(np.concatenate([b.labels for b in batches]))
-                ref_loss, ref_grads = reference.gradients(before, inputs, target)
+                if reference_batches == 1:
+                    inputs = {name: np.concatenate([b.inputs[name] for b in batches]) for name in batches[0].inputs}
+                    target = xp.asarray(np.concatenate([b.labels for b in batches]))
+                    ref_loss, ref_grads = reference.gradients(before, inputs, target)
+                else:
+                    each = [reference.gradients(before, b.inputs, xp.asarray(b.labels)) for b in batches]
+                    ref_loss = sum(part for part, _ in each) / micro
+                    ref_grads = {name: sum(g[name] for _, g in each) / micro for name in each[0][1]}
                 check.compare(s, loss, ref_loss, grads, ref_grads, after, reference.updated(before, grads),
                               job.optimizer.lr, _holder(job.params.program))
     job.executor.clock = None
