@@ -1,6 +1,6 @@
 """Bytes predicted = bytes sent: for many plans, the bytes the cost model predicts each
 device sends per step (``cost.moves``) equal, exactly, the bytes every rank's program sends
-(``runtime.executor.planned_sent``: the calls the executor makes, counted by the code the
+(``runtime.planned.planned_sent``: the calls the executor makes, counted by the code the
 runtime counts its real calls with). Plans: random machine views over hand-built graphs
 with every parallel op, the baselines (default and mapped views, and random views), and
 searched plans; 2-6 devices on one or two nodes. No MPI: the programs are built, not run."""
@@ -27,7 +27,7 @@ from unity_cli.ir.shapes import TensorShape
 from unity_cli.ir.training import Training
 from unity_cli.ir.validate import validate
 from unity_cli.onnx_import import ImportOptions, import_model
-from unity_cli.runtime.executor import planned_sent
+from unity_cli.runtime.planned import planned_sent
 from unity_cli.runtime.program import build_program
 from unity_cli.runtime.weights import weight_syncs as runtime_weight_syncs
 from unity_cli.search.baselines import STRATEGIES

@@ -9,7 +9,6 @@ step sends and receives is worked out once, when the executor is built, from the
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ import numpy as np
 
 from .. import kernels
 from ..errors import RunError
-from ..ir.buckets import SyncCall, SyncCallKind, SyncWhen, sync_buckets, sync_calls
 from ..ir.machine_view import MachineView
 from ..ir.opspec import OpKind
 from ..ir.pcg import PCG, TensorRef
@@ -30,7 +28,7 @@ from .comm import Comm, make_comm
 from .ledger import Ledger, root
 from .loss import LossKind, loss_and_grad, loss_count
 from .optim import Optimizer, OptimizerConfig
-from .phases import Buf, ByteCounter, StepClock, TimedComm, count_call
+from .phases import StepClock, TimedComm
 from .program import (
     LOCAL,
     Action,
@@ -45,7 +43,7 @@ from .program import (
     Task,
     build_program,
 )
-from .weights import ParamStore, weight_syncs
+from .weights import ParamStore
 
 
 def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | None, backend: str, world: Any,
@@ -114,7 +112,7 @@ GRAD_TAG = 32002
 
 
 @dataclass
-class _Mine:
+class RankStep:
     """What this rank does in one step (precomputed)."""
 
     step: Step
@@ -195,7 +193,7 @@ class Executor:
         """Cut the resident pieces again from the masters (after ``params.load``)."""
         self._resident = self.params.residents()
 
-    def _plan_step(self, k: int, step: Step) -> _Mine:
+    def _plan_step(self, k: int, step: Step) -> RankStep:
         return plan_step(self.p, self.me, k, step)
 
     def _read_shape(self, rd: Read) -> tuple[int, ...]:
@@ -324,7 +322,7 @@ class Executor:
             clock.lap("bwd_compute", "bwd_comm")
         return loss
 
-    def _guard(self, m: _Mine, fn: Callable[[_Mine], None], timed: str | None = None) -> None:
+    def _guard(self, m: RankStep, fn: Callable[[RankStep], None], timed: str | None = None) -> None:
         """Run ``fn(m)``; a failure becomes a RunError naming the node. ``timed``: the key its
         seconds go under (default "bwd" for a backward, "fwd" for a forward)."""
         try:
@@ -377,7 +375,7 @@ class Executor:
         cache[key] = piece
         return piece
 
-    def _forward_only(self, m: _Mine) -> None:
+    def _forward_only(self, m: RankStep) -> None:
         """A recomputed step's forward: its context is not kept (backward makes it again)."""
         self._forward(m, keep=False)
 
@@ -416,7 +414,7 @@ class Executor:
                 self.ledger.refresh()
                 self.ctx_keys[i] += [self.ledger.value_entry(r, self.values[r]) for r in self._unkeyed.pop((i, w), ())]
 
-    def _forward(self, m: _Mine, keep: bool = True) -> None:
+    def _forward(self, m: RankStep, keep: bool = True) -> None:
         xp, t = self.xp, m.task
         ins: list[Any] = [None] * (len(t.reads) if t else 0)
         recvs = []
@@ -473,7 +471,7 @@ class Executor:
         idx = xp.where(idx < 0, idx + total, idx) - offset
         return xp.where((idx >= 0) & (idx < rows), idx, rows)
 
-    def _collective_forward(self, m: _Mine, c: Collective, ins: list[Any]) -> None:
+    def _collective_forward(self, m: RankStep, c: Collective, ins: list[Any]) -> None:
         xp, t = self.xp, m.task
         tasks = m.step.tasks
         match c.kind:
@@ -497,7 +495,7 @@ class Executor:
             case _:
                 raise AssertionError(c.kind)
 
-    def _fused_forward(self, m: _Mine) -> None:
+    def _fused_forward(self, m: RankStep) -> None:
         xp = self.xp
         src = m.step.source
         for c in m.colls:
@@ -578,7 +576,7 @@ class Executor:
             self._fresh.add(ref)
         self.grads[ref][region] += g
 
-    def _backward(self, m: _Mine) -> None:
+    def _backward(self, m: RankStep) -> None:
         xp, p, t, step = self.xp, self.p, m.task, m.step
         if step.kind is StepKind.FUSED:
             self._fused_backward(m)
@@ -624,7 +622,7 @@ class Executor:
         for c in reversed(m.colls_back):
             self._collective_backward(m, c, read_grads)
 
-    def _collective_backward(self, m: _Mine, c: Collective, read_grads: list[Any]) -> None:
+    def _collective_backward(self, m: RankStep, c: Collective, read_grads: list[Any]) -> None:
         xp = self.xp
         tasks = m.step.tasks
         rd = tasks[c.covered[0][0]].reads[c.covered[0][1]]
@@ -649,7 +647,7 @@ class Executor:
             case _:
                 raise AssertionError(c.kind)
 
-    def _fused_backward(self, m: _Mine) -> None:
+    def _fused_backward(self, m: RankStep) -> None:
         xp = self.xp
         src = m.step.source
         if not m.colls_back:
@@ -683,13 +681,13 @@ def _region_shape(region: Any) -> tuple[int, ...]:
     return tuple(s.stop - s.start for s in region)
 
 
-def plan_step(p: Program, me: int, k: int, step: Step) -> _Mine:
+def plan_step(p: Program, me: int, k: int, step: Step) -> RankStep:
     """What rank ``me`` does in step ``k`` of a program: its task, what it sends and
     receives, forward and backward, and the collectives it is in (worked out once)."""
     pcg = p.pcg
     node = pcg.nodes[step.node]
     active = any(TensorRef(step.node, j) in p.has_grad for j in range(len(node.outputs)))
-    m = _Mine(step, k % 30000, active)
+    m = RankStep(step, k % 30000, active)
     m.colls = [c for c in step.collectives if me in c.group]
     covered_all = {(ti, ri) for c in step.collectives for ti, ri in c.covered}
     for ti, t in enumerate(step.tasks):
@@ -734,162 +732,3 @@ def _gather_shift(p: Program, i: int, t: Task) -> tuple[int, int, int] | None:
         return None
     rows = table.piece.dims[axis]
     return t.reads[0].coord[axis] * rows, rows, table.sizes[axis]
-
-
-# -- what a rank sends, without running it -----------------------------------------------------
-
-
-def planned_calls(p: Program, me: int, size: int, training: Training = Training()) -> list[tuple[str, tuple]]:
-    """The data-plane calls rank ``me`` of ``size`` makes in one training step, in order, as
-    ``(Comm method, its arguments)`` with :class:`~.phases.Buf` standing for each array:
-    what :class:`Executor` and :class:`~.weights.ParamStore` post, from the same plans:
-    each micro-batch's, then the sync's (``ir/buckets.sync_calls``)."""
-    # ParamStore's gradient sync, per flat bucket (ir/buckets.py) this rank is in: under ZeRO-2
-    # a reduce-scatter at the end of each micro-batch; then those of the sync (an all-reduce,
-    # or a reduce-scatter), and after the update the rest (ZeRO's all-gathers)
-    buckets = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0, training.zero) if me in b.group]
-    mine = [c for b in buckets for c in sync_calls(b, training.zero)]
-    # ZeRO-2/3: each bucket reduce-scattered once backward has made its gradients (b.ready)
-    scatters = [(b.ready, _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.MICRO_BATCH]))
-                for b in buckets]
-    # ZeRO-3: each weight gathered before each pass that reads it
-    gathers = {b.weights[0]: _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.BEFORE_USE])
-               for b in buckets}
-    calls = _micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute, training.recompute_segments),
-                                gathers, scatters) \
-        * training.micro_batches
-    calls += _sync_calls([c for c in mine if c.when is SyncWhen.SYNC])
-    calls += _sync_calls([c for c in mine if c.when is SyncWhen.AFTER_UPDATE])
-    return calls
-
-
-def _sync_calls(calls: Sequence[SyncCall]) -> list[tuple[str, tuple]]:
-    """:func:`planned_calls`' entries of gradient-sync calls (``ir/buckets.sync_calls``)."""
-    out: list[tuple[str, tuple]] = []
-    for c in calls:
-        piece, whole = Buf(c.nbytes), Buf(c.nbytes * len(c.group))   # whole: the padded flat buffer
-        match c.kind:
-            case SyncCallKind.ALL_REDUCE:
-                out.append(("allreduce", (c.group, piece)))
-            case SyncCallKind.REDUCE_SCATTER:
-                out.append(("reduce_scatter", (c.group, whole, piece)))
-            case SyncCallKind.ALL_GATHER:
-                out.append(("allgather", (c.group, piece, whole)))
-            case _:
-                assert_never(c.kind)
-    return out
-
-
-def _micro_batch_calls(p: Program, me: int, size: int, order: StepOrder,
-                       gathers: Mapping[int, list[tuple[str, tuple]]],
-                       scatters: Sequence[tuple[int, list[tuple[str, tuple]]]]) -> list[tuple[str, tuple]]:
-    """The calls of :func:`planned_calls` that one micro-batch's forward, loss, recomputes and
-    backward make, in ``order``; ``gathers``: a ZeRO-3 weight's calls before a pass reads it;
-    ``scatters``: each ZeRO-2/3 bucket's ready index and calls (``ParamStore.backward_passed``)."""
-    pcg = p.pcg
-    mine = [plan_step(p, me, k, s) for k, s in enumerate(p.steps)]
-    calls: list[tuple[str, tuple]] = []
-
-    def nbytes(shape: tuple[int, ...], ref: TensorRef) -> Buf:
-        return Buf(math.prod(shape) * pcg.shape(ref).dtype.itemsize)
-
-    def piece(ref: TensorRef) -> Buf:
-        return nbytes(pcg.shape(ref).piece.dims, ref)
-
-    def forward(m: _Mine) -> None:
-        if m.recv or m.send:
-            calls.append(("exchange", ([(dst, nbytes(read_shape(pcg, rd), rd.ref)) for dst, rd in m.send],
-                                       [(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
-                                        for _, src, shape, dt in m.recv], m.tag)))
-        if m.step.kind is StepKind.FUSED:
-            calls.extend(_fused_calls(m.colls, piece(m.step.source), backward=False))
-            return
-        for c in m.colls:
-            rd = m.step.tasks[c.covered[0][0]].reads[c.covered[0][1]]
-            name = "bcast" if c.kind is CollectiveKind.BCAST else "reduce"
-            calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
-
-    def loss() -> None:
-        out = p.output
-        lead = next((g for g in p.loss_groups if g.leader == me), None)
-        member = next((g for g in p.loss_groups for r, _, _ in g.members if r == me), None)
-        sends = [(member.leader, piece(out))] if member is not None and member.leader != me else []
-        recvs = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None else []
-        calls.append(("exchange", (sends, recvs, LOSS_TAG)))
-        grad = out in p.has_grad
-        gsends = [(r, piece(out)) for r, _, _ in lead.members if r != me] if lead is not None and grad else []
-        grecvs = [(member.leader, piece(out))] if grad and member is not None and member.leader != me else []
-        calls.append(("exchange", (gsends, grecvs, GRAD_TAG)))
-        if size > 1:
-            calls.append(("sum_host", (0.0,)))
-
-    def backward(m: _Mine) -> None:
-        if not m.active:
-            return
-        if m.step.kind is StepKind.FUSED:
-            calls.extend(_fused_calls(m.colls_back, piece(m.step.source), backward=True))
-            return
-        if m.grad_send or m.grad_recv:
-            calls.append(("exchange", ([(src, Buf(math.prod(shape) * np.dtype(dt).itemsize))
-                                        for _, src, shape, dt in m.grad_send],
-                                       [(dst, nbytes(read_shape(pcg, rd), rd.ref)) for dst, rd in m.grad_recv], m.tag)))
-        for c in reversed(m.colls_back):
-            task = m.step.tasks[c.covered[0][0]]
-            rd = task.reads[c.covered[0][1]] if c.kind is CollectiveKind.BCAST else \
-                next(r for r in task.reads if r.src == me)
-            name = "reduce" if c.kind is CollectiveKind.BCAST else "bcast"
-            calls.append((name, (c.group, nbytes(read_shape(pcg, rd), rd.ref), c.root)))
-
-    issued = 0
-    started: set[int] = set()
-    for j, (act, k) in enumerate(order.actions):
-        for w in order.first_use.get(j, ()):
-            if w in started:
-                started.discard(w)
-                calls.append(("wait", ([None],)))
-            else:
-                calls.extend(gathers.get(w, ()))
-        for w in order.prefetch.get(j, ()):
-            if gathers.get(w):
-                started.add(w)
-                calls.extend(("iallgather", args) for _, args in gathers[w])
-        match act:
-            case Action.FORWARD | Action.RECOMPUTE:
-                forward(mine[k])
-            case Action.LOSS:
-                loss()
-            case Action.BACKWARD:
-                backward(mine[k])
-                after = mine[k - 1].step.node if k else -1
-                while issued < len(scatters) and scatters[issued][0] > after:
-                    calls.extend(scatters[issued][1])
-                    issued += 1
-            case Action.DROP:
-                pass
-            case _:
-                assert_never(act)
-    return calls + [c for _, cs in scatters[issued:] for c in cs]
-
-
-def planned_sent(p: Program, me: int, size: int, training: Training = Training()) -> ByteCounter:
-    """The bytes rank ``me`` sends in a training step, counted as :class:`~.phases.TimedComm`
-    counts the real calls."""
-    counter = ByteCounter()
-    for name, args in planned_calls(p, me, size, training):
-        count_call(counter, name, me, size, args)
-    return counter
-
-
-def _fused_calls(colls, src, backward: bool) -> list[tuple]:
-    """The calls of a fused pair's collectives on piece ``src``: all-reduces, and forward an
-    all-gather (backward its reduce-scatter) over the whole group's buffer."""
-    out = []
-    for c in colls:
-        whole = Buf(len(c.group) * src.nbytes)
-        if c.kind is CollectiveKind.ALLREDUCE:
-            out.append(("allreduce", (c.group, src)))
-        elif backward:
-            out.append(("reduce_scatter", (c.group, whole, src)))
-        else:
-            out.append(("allgather", (c.group, src, whole)))
-    return out

@@ -5,7 +5,7 @@ It walks the step as the executor runs it, from the same values: the program, ea
 share of each step (:func:`~.executor.plan_step`), the order of the actions
 (:class:`~.program.StepOrder`), the weights' buckets and shards (``ir/buckets.py``) and what
 each kernel keeps (:meth:`~unity_cli.ir.opspec.OpSpec.saved`). Like
-:func:`~.executor.planned_calls` for the bytes sent, it is held equal to the measurement.
+:func:`~.planned.planned_calls` for the bytes sent, it is held equal to the measurement.
 """
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ class StepOrder:
     """The order of one micro-batch's work on every rank, under a recomputation mode
     (``ir/recompute.py``): each action with its step index (``DROP``: its segment's), what
     forward keeps no context of, and what values it keeps for a recompute. The executor
-    runs it and :func:`~.executor.planned_calls` counts its calls, from this one value."""
+    runs it and :func:`~.planned.planned_calls` counts its calls, from this one value."""
 
     actions: tuple[tuple[Action, int], ...]
     no_context: frozenset[int]                  # steps whose forward keeps no context

@@ -178,15 +178,12 @@ class ParamStore:
         """ZeRO-3: weight node ``weight`` all-gathered from its group's shards, and this rank's
         resident pieces of it cut from the whole (the caller frees them after their pass);
         if :meth:`start_gather` started it, it is waited for."""
-        k = self.units[weight]
-        b, _ = self.buckets[k]
-        mine, _ = self.shards[k]
         if weight in self.inflight:
             flat, request = self.inflight.pop(weight)
             self.comm.wait([request])
         else:
-            flat = self.xp.empty(mine.size * len(b.group), dtype=mine.dtype)
-            self.comm.allgather(b.group, mine, flat)
+            group, mine, flat = self._gather_buffers(weight)
+            self.comm.allgather(group, mine, flat)
         p = self._by_node[weight]
         shape = self._region[p.name][0]
         return self._cut(p, flat[:math.prod(shape)].reshape(shape))
@@ -194,11 +191,14 @@ class ParamStore:
     def start_gather(self, weight: int) -> None:
         """ZeRO-3's prefetch: start all-gathering weight node ``weight`` without waiting (on
         the group's own communicator); :meth:`gather_unit` waits for it."""
+        group, mine, flat = self._gather_buffers(weight)
+        self.inflight[weight] = (flat, self.comm.iallgather(group, mine, flat))
+
+    def _gather_buffers(self, weight: int) -> tuple[tuple[int, ...], Any, Any]:
+        """ZeRO-3: weight ``weight``'s group, this member's shard, and a buffer for the gather."""
         k = self.units[weight]
-        b, _ = self.buckets[k]
-        mine, _ = self.shards[k]
-        flat = self.xp.empty(mine.size * len(b.group), dtype=mine.dtype)
-        self.inflight[weight] = (flat, self.comm.iallgather(b.group, mine, flat))
+        group, (mine, _) = self.buckets[k][0].group, self.shards[k]
+        return group, mine, self.xp.empty(mine.size * len(group), dtype=mine.dtype)
 
     def _cut(self, p: ParamPlan, m: Any) -> dict[TensorRef, Any]:
         """This rank's resident pieces of weight ``p``, cut from its master region ``m``."""
