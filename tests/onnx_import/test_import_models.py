@@ -186,8 +186,46 @@ def test_constant_folding_keeps_the_source_ir_version(tiny_models, monkeypatch):
         return run_ort(model, feeds)
 
     monkeypatch.setattr(convert, "_run_ort", old_runtime)
+    monkeypatch.setattr(convert, "_FOLDED", convert._Folded(convert.FOLD_CACHE_BYTES))   # folded afresh
     import_model(path, ImportOptions(4))
     assert seen and set(seen) == {source_ir}
+
+
+def test_a_constant_is_folded_once_per_process_and_each_by_its_own_values(tmp_path, monkeypatch):
+    """A search imports a model at several batch sizes, and an LLM's layers fold the same
+    mask alike: a constant node is evaluated once per thing it computes. Two nodes of one
+    op on different values, or one node read at another opset, are evaluated each."""
+    from unity_cli.onnx_import import convert  # noqa: PLC0415
+
+    a, b = np.array([1.0, 2.0], np.float32), np.array([3.0, 5.0], np.float32)
+    nodes = [helper.make_node("Constant", [], ["a"], value=numpy_helper.from_array(a)),
+             helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(b)),
+             helper.make_node("Mul", ["a", "a"], ["a2"]), helper.make_node("Mul", ["b", "b"], ["b2"]),
+             helper.make_node("Mul", ["a", "a"], ["a2_again"], name="same_as_a2"),
+             helper.make_node("Add", ["x", "a2"], ["y"]), helper.make_node("Add", ["y", "b2"], ["y2"]),
+             helper.make_node("Add", ["y2", "a2_again"], ["z"])]
+    graph = helper.make_graph(nodes, "folds", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 2])])
+    runs: list[tuple[str, list]] = []
+    run_ort = convert._run_ort
+
+    def counted(model, feeds):
+        runs.append((model.graph.node[0].op_type, [v.tolist() for v in feeds.values()]))
+        return run_ort(model, feeds)
+
+    monkeypatch.setattr(convert, "_run_ort", counted)
+    monkeypatch.setattr(convert, "_FOLDED", convert._Folded(convert.FOLD_CACHE_BYTES))
+    for opset in (17, 18):
+        path = tmp_path / f"folds{opset}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+        for batch in (2, 4):
+            imported = import_model(path, ImportOptions(batch))
+            assert imported.folded == 5     # the two Constants and the three products
+            values = {k: v.tolist() for k, v in imported.constants.items()}
+            assert sorted(values.values()) == [[1.0, 4.0], [1.0, 4.0], [9.0, 25.0]]
+    # each Constant, a*a and b*b once at each opset: a2_again and the second batch size found folded
+    assert runs == [("Constant", []), ("Constant", []), ("Mul", [[1.0, 2.0]]),
+                    ("Mul", [[3.0, 5.0]])] * 2
 
 
 @pytest.mark.parametrize("filename", ["convnet_tiny.onnx", "convnet_tiny_dynamo.onnx"])

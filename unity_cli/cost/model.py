@@ -26,7 +26,16 @@ from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes
 from ..deadline import check
 from ..errors import ShapeError
-from ..ir.buckets import AFTER_BACKWARD, SyncBucket, SyncCallKind, SyncWhen, WeightSync, sync_buckets, sync_calls
+from ..ir.buckets import (
+    AFTER_BACKWARD,
+    SyncBucket,
+    SyncCall,
+    SyncCallKind,
+    SyncWhen,
+    WeightSync,
+    sync_buckets,
+    sync_calls,
+)
 from ..ir.dtypes import DType
 from ..ir.machine_view import MachineView
 from ..ir.ops.sources import WeightAttrs
@@ -316,7 +325,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     # the step's order recomputes it (ir/recompute.py): the simulation prices it there.
     costs = [c for c, _ in priced]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
-    flat = sync_buckets(pcg, weights, 0, train.zero)
+    flat = [(b, sync_calls(b, train.zero)) for b in sync_buckets(pcg, weights, 0, train.zero)]
     fetches = _fetches(ctx, flat)       # ZeRO-3: each pass's gathers, prefetched one ahead
     # Bytes: each micro-batch's moves (a recomputed node's forward ones twice), and the sync's
     # calls (ir/buckets.sync_calls, which the runtime makes) as often as they run: per weight
@@ -324,11 +333,11 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     sent = sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != Phase.SYNC), train.micro_batches),
                                ((m for i in sorted(again) for m in priced[i][1] if m.phase == Phase.FWD),
                                 train.micro_batches),
-                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
+                               ((_call_move(c) for _, cs in flat for c in cs
                                  if c.when in (SyncWhen.SYNC, SyncWhen.AFTER_UPDATE)), 1),
-                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
-                                 if c.when is SyncWhen.MICRO_BATCH), train.micro_batches),
-                               ((_call_move(c) for b in flat for c in sync_calls(b, train.zero)
+                               ((_call_move(c) for _, cs in flat for c in cs if c.when is SyncWhen.MICRO_BATCH),
+                                train.micro_batches),
+                               ((_call_move(c) for b, cs in flat for c in cs
                                  if c.when is SyncWhen.BEFORE_USE for _ in ctx.weight_passes[b.weights[0]]),
                                 train.micro_batches)],
                               cluster.num_devices)
@@ -359,8 +368,8 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     step, bucket, events, update, end, gathers = best
     # The first micro-batch's events stand for all before the last (Event.times): a step of 256
     # micro-batches lists two micro-batches' events, not 256.
-    events = [replace(e, times=train.micro_batches - 1) for e in before] + \
-        [_shifted(e, (train.micro_batches - 1) * span) for e in events] + gathers
+    events = [e.repeated(train.micro_batches - 1) for e in before] + \
+        [e.later((train.micro_batches - 1) * span) for e in events] + gathers
     busiest_compute = np.zeros(cluster.num_devices)
     busiest_comm = np.zeros(cluster.num_devices)
     for e in events:
@@ -384,6 +393,10 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
                       sent, bucket, train)
 
 
+FlatCalls = Sequence[tuple[SyncBucket, tuple[SyncCall, ...]]]
+"""The flat sync's buckets (``ir/buckets.sync_buckets``), each with its calls under the step's
+ZeRO stage (``sync_calls``), made once per step priced."""
+
 _CALL_KINDS = {SyncCallKind.ALL_REDUCE: Collective.ALL_REDUCE, SyncCallKind.REDUCE_SCATTER: Collective.REDUCE_SCATTER,
                SyncCallKind.ALL_GATHER: Collective.ALL_GATHER}
 
@@ -393,11 +406,7 @@ def _call_move(c) -> Move:
     return Move(_CALL_KINDS[c.kind], Phase.SYNC, c.group, c.nbytes)
 
 
-def _shifted(e: Event, by: float) -> Event:
-    return e if by == 0 else replace(e, start=e.start + by, end=e.end + by)
-
-
-def _fetches(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[Fetch]:
+def _fetches(ctx: CostContext, flat: FlatCalls) -> list[Fetch]:
     """ZeRO-3's gathers of one micro-batch (``SyncWhen.BEFORE_USE``) as the runtime makes them:
     each pass's, started where the gather before it is needed (``ir/recompute.gathers``)."""
     zero, cluster, profile = ctx.config.training.zero, ctx.cluster, ctx.config.profile
@@ -405,8 +414,8 @@ def _fetches(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[Fetch]:
         return []
     by_weight: dict[int, list[tuple[tuple[int, ...], float, float]]] = {}
     priced: dict[tuple, float] = {}
-    for b in flat:
-        calls = tuple((c.group, c.nbytes) for c in sync_calls(b, zero) if c.when is SyncWhen.BEFORE_USE)
+    for b, cs in flat:
+        calls = tuple((c.group, c.nbytes) for c in cs if c.when is SyncWhen.BEFORE_USE)
         if calls:
             if calls not in priced:
                 priced[calls] = phase_seconds([Move(Collective.ALL_GATHER, Phase.SYNC, g, n) for g, n in calls],
@@ -423,7 +432,7 @@ def _fetches(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[Fetch]:
             for (start, use, seconds, overlap, phase), ds in alike.items()]
 
 
-def _at_once_events(ctx: CostContext, flat: Sequence[SyncBucket], start: float, when: SyncWhen) -> list[Event]:
+def _at_once_events(ctx: CostContext, flat: FlatCalls, start: float, when: SyncWhen) -> list[Event]:
     """The flat sync's calls that run ``when``, from ``start`` on, each class once the last
     one on its devices is through."""
     free = np.full(ctx.cluster.num_devices, start)
@@ -436,7 +445,7 @@ def _at_once_events(ctx: CostContext, flat: Sequence[SyncBucket], start: float, 
     return events
 
 
-def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray) -> tuple[np.ndarray, list[Event]]:
+def _after_update(ctx: CostContext, flat: FlatCalls, done: np.ndarray) -> tuple[np.ndarray, list[Event]]:
     """When each device is through with the step, given when its update ends (``done``):
     under ZeRO, each bucket's all-gather of the updated shards starts once its members have
     updated them (buckets of one size and group size at once, as the flat sync's classes)."""
@@ -452,15 +461,15 @@ def _after_update(ctx: CostContext, flat: Sequence[SyncBucket], done: np.ndarray
     return finish, events
 
 
-def _at_once(ctx: CostContext, flat: Sequence[SyncBucket], when: SyncWhen) -> list[tuple[tuple[int, ...], float]]:
+def _at_once(ctx: CostContext, flat: FlatCalls, when: SyncWhen) -> list[tuple[tuple[int, ...], float]]:
     """The flat sync's calls (``ir/buckets.sync_calls``) that run ``when`` (``SYNC``: also
     the last micro-batch's of ``MICRO_BATCH``), grouped into those that run at once, as
     (devices, seconds): the calls of groups of one size and buffer size, sharing a node's
     network interface as :func:`~unity_cli.cost.moves.phase_seconds` prices them."""
     wanted = {when} | ({SyncWhen.MICRO_BATCH} if when is SyncWhen.SYNC else set())
     classes: dict[tuple[int, int], list[Move]] = {}
-    for b in sorted(flat, key=lambda b: (b.group, b.dtype)):
-        for c in sync_calls(b, ctx.config.training.zero):
+    for _, cs in sorted(flat, key=lambda bc: (bc[0].group, bc[0].dtype)):
+        for c in cs:
             if c.when in wanted:
                 classes.setdefault((len(c.group), c.nbytes), []).append(_call_move(c))
     return [(tuple(sorted({d for m in ms for d in m.group})),
@@ -506,7 +515,7 @@ def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, 
     return (0,)
 
 
-def _flat_syncs(ctx: CostContext, flat: Sequence[SyncBucket]) -> list[SyncClass]:
+def _flat_syncs(ctx: CostContext, flat: FlatCalls) -> list[SyncClass]:
     """The gradient sync as the runtime runs it flat (``runtime/weights.py``): one all-reduce
     (under ZeRO, a reduce-scatter) per group of devices and dtype, over one flat buffer of
     every weight region the group keeps (``flat``: the buckets of ``ir/buckets.py``), not one
@@ -557,7 +566,7 @@ def _bucket_syncs(ctx: CostContext, weights: Sequence[WeightSync], bucket_bytes:
 
 def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
                  cluster: ClusterSpec, config: CostConfig, synced: Sequence[Move] = (),
-                 flat: Sequence[SyncBucket] = ()) -> np.ndarray:
+                 flat: FlatCalls = ()) -> np.ndarray:
     """Optimizer update: a streaming pass over each device's weights, grads and state, and
     the copy of the gradients each device syncs (``synced``, the sync moves) into their
     groups' flat buffers (where backward makes a gradient in that buffer itself,
@@ -575,7 +584,7 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     types, index, _ = _device_types(cluster)
     sharded: dict[int, set[int]] = {}     # weight -> the devices that update it by shards
     if config.training.zero:
-        for b in flat:
+        for b, _ in flat:
             for w in b.weights:
                 sharded.setdefault(w, set()).update(b.group)
             shard = b.shard()

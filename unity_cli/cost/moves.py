@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -335,29 +335,30 @@ def sent_rounded_parts(parts: Iterable[tuple[Iterable[Move], int]], num_devices:
 
 def _sent(moves: Iterable[Move], num_devices: int) -> tuple[np.ndarray, int]:
     """Every device's bytes sent, as numerators over one common denominator."""
+    alike = Counter((m.kind, m.nbytes, m.group, m.root) for m in moves)   # a step repeats its calls
     acc: dict[int, np.ndarray] = {}   # numerators per denominator (fractions are slow)
     bound = 0                         # no device's numerator can exceed this: int64 while it fits
     senders: list[int] = []           # point-to-point messages, added at once
     sizes: list[int] = []
-    for m in moves:
-        if m.kind is Collective.P2P:   # only the sender sends: gathered, then added at once
-            num, _ = sent_ratio(m.kind, m.nbytes, m.group, m.group[0])
+    for (kind, nbytes, group, root), times in alike.items():
+        if kind is Collective.P2P:   # only the sender sends: gathered, then added at once
+            num, _ = sent_ratio(kind, nbytes, group, group[0])
             if num:
-                senders.append(m.group[0])
-                sizes.append(num)
-                bound += num
+                senders.append(group[0])
+                sizes.append(num * times)
+                bound += num * times
             continue
-        if m.kind in SYMMETRIC:
-            num, den = sent_ratio(m.kind, m.nbytes, m.group, m.group[0], m.root) if m.group else (0, 1)
+        if kind in SYMMETRIC:
+            num, den = sent_ratio(kind, nbytes, group, group[0], root) if group else (0, 1)
             if num:
-                bound += num
-                np.add.at(_numerators(acc, den, num_devices, bound), device_array(m.group), num)
+                bound += num * times
+                np.add.at(_numerators(acc, den, num_devices, bound), device_array(group), num * times)
             continue
-        for r in m.group:
-            num, den = sent_ratio(m.kind, m.nbytes, m.group, r, m.root)
+        for r in group:
+            num, den = sent_ratio(kind, nbytes, group, r, root)
             if num:
-                bound += num
-                _numerators(acc, den, num_devices, bound)[r] += num
+                bound += num * times
+                _numerators(acc, den, num_devices, bound)[r] += num * times
     if senders:
         v = _numerators(acc, 1, num_devices, bound)
         np.add.at(v, np.array(senders, dtype=np.intp), np.array(sizes, dtype=object if v.dtype == object

@@ -31,6 +31,8 @@ from .training import shard_elements
 
 Group = tuple[int, ...]
 
+_ITEMSIZES = {d.value: d.itemsize for d in DType}
+
 AFTER_BACKWARD = -1
 """A flat bucket's :attr:`SyncBucket.ready`: it starts once the whole backward pass is done."""
 
@@ -53,7 +55,7 @@ class SyncBucket:
 
     @property
     def itemsize(self) -> int:
-        return DType(self.dtype).itemsize
+        return _ITEMSIZES[self.dtype]
 
     def shard(self) -> int:
         """The elements each member owns of the flat buffer under ZeRO (padded: :func:`~.training.shard_elements`)."""

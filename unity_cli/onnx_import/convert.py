@@ -464,13 +464,18 @@ class _Importer:
                         for n, v in feeds.items()]
         outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
         m = self._one_node_model(node, "fold", graph_inputs, outputs)
-        try:
-            res = _run_ort(m, feeds)
-        except Exception:
-            try:  # onnxruntime refuses a few odd nodes that the reference evaluator runs
-                res = ReferenceEvaluator(m).run(None, feeds)
-            except Exception as e:
-                raise ModelError(f"cannot evaluate this constant node: {type(e).__name__}: {e}") from None
+        key = _fold_key(m, node, feeds)
+        res = _FOLDED.get(key)
+        if res is None:
+            try:
+                res = _run_ort(m, feeds)
+            except Exception:
+                try:  # onnxruntime refuses a few odd nodes that the reference evaluator runs
+                    res = ReferenceEvaluator(m).run(None, feeds)
+                except Exception as e:
+                    raise ModelError(f"cannot evaluate this constant node: {type(e).__name__}: {e}") from None
+            _FOLDED.put(key, [np.asarray(r) for r in res])
+        res = [r.copy() for r in res]
         if any(np.asarray(r).size > FOLD_LIMIT for r in res):
             return None
         full = []
@@ -478,6 +483,52 @@ class _Importer:
         for o in node.output:
             full.append(next(it) if o else None)
         return full
+
+
+class _Folded:
+    """The results of constant nodes evaluated in this process, by what they compute (an
+    LLM's layers fold the same mask alike, and a search imports a model at several batch
+    sizes): at most :data:`FOLD_CACHE_BYTES` of them, the oldest dropped first."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self._results: dict[bytes, list[np.ndarray]] = {}
+
+    def get(self, key: bytes) -> list[np.ndarray] | None:
+        return self._results.get(key)
+
+    def put(self, key: bytes, results: list[np.ndarray]) -> None:
+        size = sum(r.nbytes for r in results)
+        if size > self.limit:
+            return
+        while self._results and self.held + size > self.limit:
+            self.held -= sum(r.nbytes for r in self._results.pop(next(iter(self._results))))
+        self._results[key] = results
+        self.held += size
+
+
+FOLD_CACHE_BYTES = 256 << 20
+_FOLDED = _Folded(FOLD_CACHE_BYTES)
+
+
+def _fold_key(model: onnx.ModelProto, node: onnx.NodeProto, feeds: Mapping[str, np.ndarray]) -> bytes:
+    """What a one-node model computes: the node with its tensors named by position, the
+    opsets and IR version, and every input's type, shape and bytes."""
+    named = onnx.NodeProto()
+    named.CopyFrom(node)
+    named.ClearField("name")
+    order = {n: f"i{k}" for k, n in enumerate(feeds)}
+    named.input[:] = [order.get(n, "") for n in node.input]
+    named.output[:] = [f"o{k}" if o else "" for k, o in enumerate(node.output)]
+    h = hashlib.sha256(named.SerializeToString(deterministic=True))
+    h.update(f"ir{model.ir_version};".encode())
+    for op in model.opset_import:
+        h.update(f"{op.domain}:{op.version};".encode())
+    for v in feeds.values():
+        v = np.asarray(v)
+        h.update(f"{v.dtype.str}{v.dtype.name}{v.shape};".encode())
+        h.update(repr(v.tolist()).encode() if v.dtype.hasobject else v.tobytes())
+    return h.digest()
 
 
 def _compact(v: np.ndarray) -> np.ndarray:

@@ -297,8 +297,10 @@ def best_uniform(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSp
         order = sorted(range(len(fitting)), key=lambda i: p if isinstance(p := priced[i], float) else
                        p.report.step_time)[:WHOLE]
         fitting = [fitting[i] for i in order]
-        priced = [p if isinstance(p := priced[i], Candidate) else u.whole(*fitting[j][0], fitting[j][1])
-                  for j, i in enumerate(order)]
+        whole = fork_map(lambda j: u.whole(*fitting[j][0], fitting[j][1]),   # side by side, as the degrees
+                         [j for j, i in enumerate(order) if not isinstance(priced[i], Candidate)], large(n))
+        made = iter(whole)
+        priced = [p if isinstance(p := priced[i], Candidate) else next(made) for i in order]
         within, count = 1.0, f"{count}, the {len(order)} fastest on a shortened graph priced whole,"
     tried: list[Candidate] = list(priced)
     order = sorted(range(len(tried)), key=lambda i: rank(tried[i].report))
