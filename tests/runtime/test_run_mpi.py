@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 from runtime.mpirun import run_json
 
+from unity_cli.cli import cli
 from unity_cli.cluster.parse import load_cluster
 from unity_cli.ir.machine_view import MachineView
 from unity_cli.ir.ops.elementwise import UnaryAttrs
@@ -100,3 +102,38 @@ def test_reduce_broadcast_and_replica_pick(plans, tmp_path):
     assert kinds == ["broadcast", "reduce"]
     doc = run_json(plan, "--check", "--steps", "2", "--loss", "mse", ranks=4)
     assert doc["optimizer"] == "momentum" and doc["check"]["passed"], doc["check"]
+
+
+def _grouped_conv_model(path: Path, groups: int) -> Path:
+    """Conv (8 channels, ``groups`` groups) -> BatchNormalization -> Relu -> global pool -> MatMul."""
+    rng = np.random.default_rng(1)
+    c = 8
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c // groups, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((c, 4)) * 0.3).astype(np.float32), "fc")]
+    inits += [numpy_helper.from_array(np.full(c, v, np.float32), n)
+              for n, v in (("s", 1), ("b", 0), ("m", 0), ("v", 1))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=groups, pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    g = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("groups", [4, 8], ids=["grouped", "depthwise"])
+def test_a_grouped_conv_split_along_its_channels_trains_as_one_process(tmp_path, groups):
+    """ResNeXt's grouped convolutions under tensor parallelism: each rank runs its share of
+    the groups on their input channels (a rank that ran the whole input through a conv of
+    the model's group count trained a wrong model, and a depthwise one failed)."""
+    model = _grouped_conv_model(tmp_path / "g.onnx", groups)
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", "local-cpu:2", "--batch-size", "8",
+                                 "--strategy", "tp=2,dp=1", "--out", str(plan)])
+    assert r.exit_code == 0, r.output
+    doc_plan = json.loads(plan.read_text())
+    conv = next(n for n in doc_plan["pcg"]["nodes"] if n["name"] == "c")
+    assert conv["outputs"][0]["degrees"][1] == 2      # its channels split
+    doc = run_json(plan, "--check", "--steps", "2")
+    assert doc["check"]["passed"], doc["check"]

@@ -254,6 +254,12 @@ class OpSpec:
     def infer_parallel(self, attrs: Any, inputs: Sequence[ParallelTensorShape]) -> tuple[ParallelTensorShape, ...]:
         return infer_parallel(self, attrs, inputs)
 
+    def piece_attrs(self, attrs: Any, output: ParallelTensorShape) -> Any:
+        """The attributes that run the op on one piece, given its (first) output's parallel
+        shape (``ir/pieces.piece_op``). Default: the op's own, for ops whose attributes do
+        not name sizes that a split changes."""
+        return attrs
+
     def commutative(self, attrs: Any) -> bool:
         """Whether the op's value is the same for any order of its inputs."""
         return False
@@ -505,7 +511,7 @@ def input_layout(spec: OpSpec, attrs: Any, inputs: Sequence[TensorShape], out_de
             if not any(SUM in roles[i] for i in t):
                 return None
     try:
-        outs = infer_parallel(spec, attrs, result)
+        outs = spec.infer_parallel(attrs, result)    # with the op's own checks (a Conv's whole groups)
     except ShapeError:
         return None
     if outs and tuple(d.degree for d in outs[0].dims) != tuple(out_degrees):

@@ -12,13 +12,12 @@ tasks on the devices of a plan.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .opspec import SUM, WHOLE, OpKind, Role, spec_of
+from .opspec import SUM, WHOLE, Role, spec_of
 from .pcg import Node
 from .shapes import ParallelTensorShape
 
@@ -112,12 +111,11 @@ def task_inputs(n: Node, shapes: Sequence[ParallelTensorShape]) -> TaskInputs:
 
 
 def piece_op(op: Any, output: ParallelTensorShape) -> Any:
-    """Attributes for running an op on one piece, given its (first) output's parallel shape:
-    ops that name their full output shape (Reshape, Expand) get the piece's shape instead.
-    The runtime runs these attrs, the profiler times them and the cost model looks them up."""
-    if spec_of(op).kind in (OpKind.Reshape, OpKind.Expand):
-        return dataclasses.replace(op, dims=output.piece.dims)
-    return op
+    """Attributes for running an op on one piece, given its (first) output's parallel shape
+    (``OpSpec.piece_attrs``: ops that name their full output shape, Reshape and Expand, get
+    the piece's; a grouped Conv its piece's groups). The runtime runs these attrs, the
+    profiler times them and the cost model looks them up."""
+    return spec_of(op).piece_attrs(op, output)
 
 
 def piece_attrs(n: Node) -> Any:

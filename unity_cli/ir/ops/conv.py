@@ -10,7 +10,7 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...errors import ModelError, ShapeError
 from ..dtypes import DType
@@ -27,6 +27,7 @@ from ..opspec import (
     Saved,
     attrs_from_json,
     attrs_key,
+    infer_parallel,
     register,
 )
 from ..shapes import TensorShape
@@ -310,13 +311,27 @@ class Conv(OpSpec):
         return (TensorShape((x.dims[0], c_out) + sp, x.dtype),)
 
     def roles(self, attrs, inputs):
-        x, w = inputs[0], inputs[1]
+        """Ungrouped, every output channel reads every input channel (a contraction); grouped,
+        a piece of whole groups reads their input channels alone, so both channel dims
+        split together (:meth:`infer_parallel`: into whole groups)."""
+        x = inputs[0]
         n_sp = x.rank - 2
-        depthwise = attrs.groups > 1 and attrs.groups == x.dims[1] == w.dims[0]
-        c_role: Role = SUM if attrs.groups == 1 else (1 if depthwise else WHOLE)
+        c_role: Role = SUM if attrs.groups == 1 else 1
         rx = (0, c_role) + (WHOLE,) * n_sp
         rw = (1, SUM if attrs.groups == 1 else WHOLE) + (WHOLE,) * n_sp
         return (rx, rw, (1,))[:len(inputs)]
+
+    def infer_parallel(self, attrs, inputs):
+        out = infer_parallel(self, attrs, inputs)
+        d = out[0].dims[1].degree
+        if attrs.groups > 1 and attrs.groups % d:
+            raise ShapeError(f"Conv: {attrs.groups} groups cannot be split {d} ways (a piece holds whole groups)")
+        return out
+
+    def piece_attrs(self, attrs, output):
+        """A piece of whole groups runs as a conv of its share of them."""
+        d = output.dims[1].degree
+        return attrs if d == 1 or attrs.groups == 1 else replace(attrs, groups=attrs.groups // d)
 
     def terms(self, attrs, n):
         return ((0, 1), (2,)) if n == 3 else ((0, 1),)

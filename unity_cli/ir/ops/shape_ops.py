@@ -9,7 +9,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import ModelError, ShapeError
@@ -181,6 +181,10 @@ class Reshape(OpSpec):
     def saved(self, attrs, inputs, outputs):
         """Nothing but shapes."""
         return Saved()
+
+    def piece_attrs(self, attrs, output):
+        """The piece's shape: the attributes name the whole output's."""
+        return replace(attrs, dims=output.piece.dims)
 
     def from_onnx(self, node) -> Imported:
         x = node.inputs[0].shape
@@ -632,6 +636,10 @@ class Expand(OpSpec):
     def saved(self, attrs, inputs, outputs):
         """Nothing but shapes."""
         return Saved()
+
+    def piece_attrs(self, attrs, output):
+        """The piece's shape: the attributes name the whole output's."""
+        return replace(attrs, dims=output.piece.dims)
 
     def from_onnx(self, node) -> Imported:
         target = TensorShape(tuple(int(v) for v in node.const_input(1, "shape")))
