@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import UnityError, UsageError
+from .errors import ModelError, UnityError, UsageError
 from .files import check_output
 
 
@@ -309,8 +309,21 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     # --batch-size is the global batch; with mb=K given, the model is read at the micro-batch
     # size first (an export of a fixed batch reads at its own batch times K)
     first = fixed_micro if fixed_micro and batch_size and batch_size % fixed_micro == 0 else 1
-    micro = {first: import_model(model, ImportOptions(batch_size // first if batch_size else None, {
-        name: (dims[0] // first, *dims[1:]) for name, dims in shapes.items()}))}
+    fixed_note = None
+    try:
+        micro = {first: import_model(model, ImportOptions(batch_size // first if batch_size else None, {
+            name: (dims[0] // first, *dims[1:]) for name, dims in shapes.items()}))}
+    except ModelError:
+        # an export whose shapes fix its batch: a global batch of a multiple of it runs as
+        # micro-batches of the exported one (what the search would choose among is fixed)
+        exported = import_model(model, ImportOptions()) if batch_size and not fixed_micro and not shapes else None
+        if exported is None or exported.batch_defaulted or batch_size % exported.batch_size or \
+                batch_size == exported.batch_size:
+            raise
+        fixed_micro = first = batch_size // exported.batch_size
+        micro = {first: exported}
+        fixed_note = (f"{model}'s exported shapes fix its batch at {exported.batch_size}: --batch-size "
+                      f"{batch_size} runs as {first} micro-batches of {exported.batch_size} (mb={first})")
     global_batch = micro[first].batch_size * first
 
     def graph_for(k: int):
@@ -348,7 +361,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     if report_path:
         from .report.html import write_report
         write_report(plan, report_path)
-    notes = [profile_note] if profile_note else []
+    notes = [n for n in (fixed_note, profile_note) if n]
     if result.cut_by_budget:
         left_out = f"; left out: {', '.join(result.not_priced)}" if result.not_priced else ""
         notes.append(f"--budget {budget:g} s cut the search short{left_out}: the plan may differ on a faster "

@@ -65,14 +65,25 @@ def test_trains_like_one_process_and_sends_what_it_predicts(plans, tmp_path, mod
 
 def test_an_export_of_a_fixed_batch_takes_micro_batches_of_it(plans, tmp_path):
     """``--batch-size`` is the global batch: a dynamo export whose shapes fix the batch at 4
-    plans 2 micro-batches of 4 at batch 8 (read at the micro-batch's size, not refused for
-    the global one), and trains so under ``--check``, whose one-process run, unable to take
-    the batch whole, runs the micro-batches one at a time and averages them."""
+    plans a global batch of 16 as 4 micro-batches of 4 when the search chooses the step's
+    shape (and says so), and 2 of 4 at batch 8 with ``mb=2`` given (read at the micro-batch's
+    size, not refused for the global one); both train so under ``--check``, whose
+    one-process run, unable to take the batch whole, runs the micro-batches one at a time
+    and averages them. A global batch that is no multiple of 4 is refused, naming the
+    export's shape and the way out."""
     model = plans.model("bert_tiny_dynamo")
     plan = tmp_path / "plan.json"
     r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(cpu_spec(tmp_path, 2)), "--batch-size",
-                                 "16", "--out", str(plan)])
-    assert r.exit_code != 0 and "exported [4, 32]" in r.output      # still: one batch of 16 it cannot be
+                                 "10", "--out", str(plan)])
+    assert r.exit_code != 0 and "exported [4, 32]" in r.output and "a multiple of the exported batch" in r.output
+    assert not plan.exists()
+    r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(cpu_spec(tmp_path, 2)), "--batch-size",
+                                 "16", "--out", str(plan), "--max-candidates", "20", "--json"])
+    assert r.exit_code == 0, r.output
+    assert any("fix its batch at 4" in n and "4 micro-batches of 4 (mb=4)" in n for n in json.loads(r.output)["notes"])
+    assert load_plan(plan).training.micro_batches == 4
+    doc = run_json(plan, "--steps", "2", "--check", ranks=2)
+    assert doc["check"]["passed"], doc["check"]
     optimize(model, cpu_spec(tmp_path, 2), plan, 8, "--strategy", "tp=1,dp=2,zero=3,mb=2")
     assert load_plan(plan).training == Training(3, 2)
     doc = run_json(plan, "--steps", "2", "--check", ranks=2)

@@ -111,8 +111,10 @@ def _import(importer: _Importer, p: Path) -> ImportedModel:
             option, name, declared, used = importer.changed[0]
             change = f"{option} changes input {name!r} from its exported {_dims(declared)} to {_dims(used)}"
             if isinstance(e, ShapeError):
+                keep = ("give a multiple of the exported batch, run as micro-batches of it (mb=K)"
+                        if option.startswith("--batch-size") else "keep the exported shape")
                 msg = (f"{change}, which shapes baked into the model do not follow: {msg} (re-export it with "
-                       "dynamic axes, or keep the exported shape)")
+                       f"dynamic axes, or {keep})")
             else:
                 msg += f" ({change}; shapes baked into the model may not follow)"
         raise type(e)(f"{p}: {msg}") if isinstance(e, ModelError) else ModelError(f"{p}: {msg}") from None
