@@ -231,7 +231,10 @@ def test_the_search_recomputes_only_where_nothing_fits_without(tmp_path):
                                          (["--recompute", "full:0"], "--recompute 'full:0': expected one of"),
                                          (["--recompute", "none:2"], "--recompute 'none:2': expected one of"),
                                          (["--strategy", "tp=1,dp=2,recompute=full:²"], "recompute=full:²: expected"),
-                                         (["--strategy", "tp=1,dp=2,recompute=full:x"], "recompute=full:x: expected")])
+                                         (["--strategy", "tp=1,dp=2,recompute=full:x"], "recompute=full:x: expected"),
+                                         (["--strategy", "tp=1,dp=2,recompute=full:99"],
+                                          "recompute=full:99: the model has"),     # more segments than it has
+                                         (["--recompute", "selective:99"], "recompute=selective:99: the model has")])
 def test_bad_recompute_options_are_one_line(tmp_path, args, needle):
     model = mlp_model(tmp_path / "mlp.onnx")
     r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(SPECS / "local-cpu.yaml"), "--batch-size",

@@ -207,23 +207,25 @@ def test_three_cpu_ranks_layouts(models, clusters):
 # -- --strategy tp=T,dp=D ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["tp=0,dp=8", "tp=a", "dp=2", "tp=2", "tp=2,dp=4,tp=2", "tp=2,pp=4", "tp=-2,dp=-4",
-                                  "tp=2;dp=4", "tp=,dp=8", "tp=3,dp=2", "tp=16,dp=1"])
+@pytest.mark.parametrize("text", ["tp=0,dp=8", "tp=a", "dp=3", "tp=5", "tp=2,dp=4,tp=2", "tp=2,pp=4", "tp=-2,dp=-4",
+                                  "tp=2;dp=4", "tp=,dp=8", "tp=3,dp=2", "tp=16,dp=1", "zero=1", "dp=0"])
 def test_malformed_strategy(text):
     with pytest.raises(UsageError) as e:
         parse_hybrid(text, 8)
     msg = str(e.value)
-    assert "--strategy" in msg and ("has 8 devices" in msg or "T*D = 8 (the cluster's device count)" in msg), msg
+    assert "--strategy" in msg and ("8 devices" in msg or "T*D = 8 (the cluster's device count" in msg), msg
     assert "\n" not in msg
 
 
 @pytest.mark.parametrize("text,want", [("tp=2,dp=4", (2, 4)), ("dp=4,tp=2", (2, 4)), (" tp = 8 , dp = 1 ", (8, 1)),
-                                       ("TP=1,DP=8", (1, 8))])
+                                       ("TP=1,DP=8", (1, 8)), ("dp=4", (2, 4)), ("tp=8", (8, 1)),
+                                       ("dp=8,zero=3,recompute=full", (1, 8))])
 def test_parse_strategy(text, want):
     assert parse_hybrid(text, 8) == want
 
 
-@pytest.mark.parametrize("text,needle", [("tp=0,dp=8", "T*D = 6"), ("tp=a", "T*D = 6"), ("dp=2", "T*D = 6"),
+@pytest.mark.parametrize("text,needle", [("tp=0,dp=8", "T*D = 6"), ("tp=a", "T*D = 6"),
+                                         ("dp=4", "dp=4 does not divide the cluster's 6 devices"),
                                          ("tp=2,dp=2", "has 6 devices"), ("tp=1,dp=6", "does not divide the batch 4")])
 def test_strategy_errors_are_one_line(models, specs, tmp_path, text, needle):
     r = CliRunner().invoke(cli, ["optimize", str(_mlp(models)), "--cluster", str(specs["1x6"]), "--batch-size", "4",

@@ -161,8 +161,9 @@ def parse_hybrid(strategy: str, devices: int) -> tuple[int, int]:
 
 
 STRATEGY_KEYS = ("tp", "dp", "zero", "mb")
-"""The keys of a hand-written ``--strategy``: tensor and data parallel degrees (both
-required), the ZeRO stage and the micro-batches per step (default 0 and 1)."""
+"""The keys of a hand-written ``--strategy``: tensor and data parallel degrees (one of them
+at least: the other is what the device count leaves), the ZeRO stage and the micro-batches
+per step (default 0 and 1)."""
 
 
 def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
@@ -171,8 +172,8 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
     the cluster's device count."""
     t = max(d for d in divisors(devices) if d * d <= devices)
     usage = (f"--strategy {strategy[:200]!r}: expected tp=T,dp=D[,zero=Z][,mb=K][,recompute="
-             f"{'|'.join(Recompute)}[:S]] with T*D = {devices} (the cluster's device count), e.g. "
-             f"tp={t},dp={devices // t}")
+             f"{'|'.join(Recompute)}[:S]] with T*D = {devices} (the cluster's device count; one of tp "
+             f"and dp may be left out), e.g. tp={t},dp={devices // t}")
     values: dict[str, int] = {}
     recompute, segments = Recompute.NONE, 0
     for part in strategy.split(","):
@@ -188,8 +189,15 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
         if not sep or key not in STRATEGY_KEYS or key in values or not whole_number(value):
             raise UsageError(usage)
         values[key] = int(value)
-    if not {"tp", "dp"} <= set(values) or values["tp"] < 1 or values["dp"] < 1:
+    given = [k for k in ("tp", "dp") if k in values]
+    if not given or any(values[k] < 1 for k in given):
         raise UsageError(usage)
+    if len(given) == 1:     # the other degree is what the devices leave (dp=N,zero=3 is FSDP)
+        (key,) = given
+        if devices % values[key]:
+            raise UsageError(f"--strategy {strategy[:200]}: {key}={values[key]} does not divide the cluster's "
+                             f"{devices} devices (give tp and dp with T*D = {devices})")
+        values["dp" if key == "tp" else "tp"] = devices // values[key]
     tp, dp = values["tp"], values["dp"]
     if tp * dp != devices:
         raise UsageError(f"--strategy {strategy[:200]}: tp*dp = {tp * dp}, but the cluster has {devices} devices "

@@ -41,7 +41,8 @@ from ..cost.model import CostConfig, estimate
 from ..deadline import OutOfTime, ceiling
 from ..errors import InfeasibleError, UsageError
 from ..ir.pcg import PCG
-from ..ir.recompute import Recompute
+from ..ir.recompute import Recompute, segments
+from ..ir.schedule import layout_sources
 from ..ir.training import ZERO_STAGES, Training
 from ..ir.validate import validate
 from ..substitutions.match import RewriteError, apply_match, find_matches
@@ -98,6 +99,8 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     if micro_batches is not None and batch % micro_batches:
         raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
                          f"batch {batch} (--batch-size is the global batch of a step)")
+    if recompute is not None and recompute[1]:
+        _check_segments(graph_for(micro_batches or 1), recompute)
     if strategy not in SEARCHES and strategy != Strategy.BEST:
         # A configuration a person writes (or a baseline), priced as people train: with a
         # memory-efficient attention (FlashAttention) wherever the model holds the chain.
@@ -140,6 +143,16 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     if attention:  # every row was priced on the rewritten graph
         result = replace(result, rewrites=rewritten[k][1] + tuple(result.rewrites))
     return (_restaged(result, cluster, config, stages) if zero is None else result), k
+
+
+def _check_segments(pcg: PCG, recompute: Mode) -> None:
+    """A count of segments to recompute (``recompute=full:S``) that the model has; a
+    UsageError naming how many it has otherwise."""
+    mode, count = recompute
+    have = len(segments(pcg, layout_sources(pcg)))
+    if count and count > have:
+        raise UsageError(f"recompute={mode.value}:{count}: the model has {have} segment{'s' * (have != 1)} to "
+                         f"recompute (give at most {have}, or {mode.value} for every one)")
 
 
 def _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, search) -> tuple[SearchResult, int]:
