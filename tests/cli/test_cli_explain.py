@@ -73,3 +73,23 @@ def test_explain_a_broken_plan_is_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["explain", str(bad)])
     assert r.exit_code == 1
     assert "error:" in r.output and "format" in r.output
+
+
+def test_the_peak_is_held_to_the_memory_of_its_own_device(tmp_path, tiny_models):
+    """On a cluster of mixed devices the summary measures the peak against the device that
+    holds it (an A100-40GB's plan was shown against a V100's 16 GiB), and against "per device"
+    where every device holds as much."""
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["optimize", str(tiny_models / "convnet_tiny.onnx"), "--cluster",
+                                 str(SPECS / "mixed-a100-v100.yaml"), "--batch-size", "16", "--strategy",
+                                 "tensor_parallel", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    memory = doc["predicted"]["memory_bytes"]
+    busiest = memory.index(max(memory))
+    kind = "a100-40gb" if busiest < 16 else "v100-16gb"
+    line = next(x for x in r.output.splitlines() if x.startswith("chosen"))
+    assert line.endswith(f"of {'40.0' if busiest < 16 else '16.0'} GiB on device {busiest} ({kind})"), line
+    plan = make_plan(tmp_path, tiny_models / "convnet_tiny.onnx")
+    r = CliRunner().invoke(cli, ["explain", str(plan)])
+    assert next(x for x in r.output.splitlines() if x.startswith("chosen")).endswith("of 40.0 GiB per device")

@@ -71,12 +71,17 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
               for name, b in plan.baselines.items()
               if (name == Strategy.HYBRID or name.startswith("tp=")) and b.get("description")]
     p = plan.predicted
-    cap = min(plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices))
-    cap = min(cap, plan.config.get("memory_limit_bytes", cap))
+    # the peak against what its own device holds (a cluster of mixed devices: the busiest one's)
+    memory = p.get("memory_bytes") or [0]
+    busiest = max(range(len(memory)), key=memory.__getitem__)
+    kind = plan.cluster.device_type(busiest)
+    cap = min(kind.memory_capacity, plan.config.get("memory_limit_bytes", kind.memory_capacity))
+    alike = len({plan.cluster.device_type(d).memory_capacity for d in range(plan.cluster.num_devices)}) == 1
     lines.append("")
     devices = f"{p['devices']} device{'s' if p['devices'] != 1 else ''}"
     lines.append(f"chosen   {plan.strategy}: {fmt_ms(p['step_time_ms'])} per step on {devices}, "
-                 f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} per device")
+                 f"peak memory {fmt_bytes(p['max_memory_bytes'])} of {fmt_bytes(cap)} "
+                 + ("per device" if alike else f"on device {busiest} ({kind.name})"))
     train = plan.training
     if not train.default:
         lines.append(f"step     {step_text(plan)}")
