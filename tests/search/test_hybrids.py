@@ -421,3 +421,17 @@ def test_a_hybrid_is_priced_at_its_best_placement(tmp_path):
     assert sorted(devs) == list(range(8)) and {devs[1] - devs[0]} <= {4, 1}
     groups = best.views[fc1].groups(b.pcg.nodes[fc1].outputs[0], 1, 2)   # the column split's pairs
     assert all(abs(a - c) == 4 for a, c in groups)                       # across the two nodes
+
+
+@pytest.mark.parametrize("hidden,short", [(32, True), (60, False)])
+def test_a_hybrid_that_does_not_fit_says_which_ops_its_degree_could_not_split(models, specs, tmp_path, hidden,
+                                                                               short):
+    """tp=3 on a hidden width of 32 leaves fc1 and fc2 whole in each group: the refusal says
+    so (it held the memory of no split at all); at 60 it splits every op 3 ways, and the
+    refusal is the memory alone."""
+    r = CliRunner().invoke(cli, ["optimize", str(_mlp(models, hidden=hidden)), "--cluster", str(specs["cpu3"]),
+                                 "--batch-size", "6", "--strategy", "tp=3", "--memory-limit", "1KiB",
+                                 "--out", str(tmp_path / "p.json")])
+    assert r.exit_code != 0 and "tp=3,dp=1 does not fit" in r.output, r.output
+    assert ("2 of 2 weighted ops split fewer than 3 ways" in r.output) == short, r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -43,6 +43,7 @@ from .baselines import (
     hybrid_name,
     is_hybrid,
     parse_hybrid,
+    weighted_splits,
 )
 from .joint import (
     Found,
@@ -511,7 +512,7 @@ def optimize(pcg: PCG, cluster: ClusterSpec, config: CostConfig, strategy: str =
                            candidates, hybrids, missing)
     chosen = candidates[strategy] if strategy in candidates else candidates[_fastest(candidates)]
     if not chosen.report.feasible:
-        raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}")
+        raise InfeasibleError(f"{strategy} does not fit: it {chosen.report.infeasible}{_short_splits(chosen.baseline)}")
     return SearchResult(chosen, candidates, hybrids=hybrids, cut_by_budget=ev.cut or bool(missing),
                         not_priced=tuple(missing))
 
@@ -587,6 +588,16 @@ def _named_hybrid(strategy: str, pcg: PCG, cluster: ClusterSpec, training: Train
         raise UsageError(f"--strategy {strategy[:200]}: dp={dp} does not divide {what}; on {n} devices "
                          f"these do: {fits}")
     return hybrid(pcg, tp, dp, training)
+
+
+def _short_splits(b: Baseline) -> str:
+    """Why a hybrid holds more than its degree promises: its weighted ops that split fewer
+    ways than its tensor-parallel degree (their dims do not divide by it), or nothing."""
+    tp = b.degrees[0] if b.degrees else 1
+    splits = weighted_splits(b.pcg) if tp > 1 else []
+    short = [d for _, d in splits if d < tp]
+    return (f" ({len(short)} of {len(splits)} weighted ops split fewer than {tp} ways: their dims do not divide "
+            f"by {tp})") if short else ""
 
 
 def _fastest(candidates: dict[str, Candidate]) -> str:
