@@ -99,7 +99,7 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     if micro_batches is not None and batch % micro_batches:
         raise UsageError(f"mb={micro_batches} (--micro-batches): {micro_batches} micro-batches do not divide the "
                          f"batch {batch} (--batch-size is the global batch of a step)")
-    if recompute is not None and recompute[1]:
+    if recompute is not None and recompute[1]:     # a count of segments given: one the model has
         _check_segments(graph_for(micro_batches or 1), recompute)
     if strategy not in SEARCHES and strategy != Strategy.BEST:
         # A configuration a person writes (or a baseline), priced as people train: with a
@@ -146,11 +146,11 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
 
 
 def _check_segments(pcg: PCG, recompute: Mode) -> None:
-    """A count of segments to recompute (``recompute=full:S``) that the model has; a
-    UsageError naming how many it has otherwise."""
+    """A UsageError where the count of segments to recompute (``recompute=full:S``) is more
+    than ``pcg`` has, naming how many it has."""
     mode, count = recompute
     have = len(segments(pcg, layout_sources(pcg)))
-    if count and count > have:
+    if count > have:
         raise UsageError(f"recompute={mode.value}:{count}: the model has {have} segment{'s' * (have != 1)} to "
                          f"recompute (give at most {have}, or {mode.value} for every one)")
 

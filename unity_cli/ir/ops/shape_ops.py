@@ -170,6 +170,12 @@ def expand_backward(op, ctx, gs, xp):
     return [unbroadcast(gs[0], ctx, xp)]
 
 
+def _at_piece_shape(self, attrs, output):
+    """``OpSpec.piece_attrs`` of an op whose attributes name its whole output's shape
+    (Reshape, Expand): the piece's shape instead."""
+    return replace(attrs, dims=output.piece.dims)
+
+
 @register
 class Reshape(OpSpec):
     kind = OpKind.Reshape
@@ -182,9 +188,7 @@ class Reshape(OpSpec):
         """Nothing but shapes."""
         return Saved()
 
-    def piece_attrs(self, attrs, output):
-        """The piece's shape: the attributes name the whole output's."""
-        return replace(attrs, dims=output.piece.dims)
+    piece_attrs = _at_piece_shape
 
     def from_onnx(self, node) -> Imported:
         x = node.inputs[0].shape
@@ -637,9 +641,7 @@ class Expand(OpSpec):
         """Nothing but shapes."""
         return Saved()
 
-    def piece_attrs(self, attrs, output):
-        """The piece's shape: the attributes name the whole output's."""
-        return replace(attrs, dims=output.piece.dims)
+    piece_attrs = _at_piece_shape
 
     def from_onnx(self, node) -> Imported:
         target = TensorShape(tuple(int(v) for v in node.const_input(1, "shape")))
