@@ -14,10 +14,12 @@ from unity_cli import zoo
 from unity_cli.cluster import Link, load_cluster
 from unity_cli.cluster.collectives import Collective
 from unity_cli.cost.comm import collective_time, group_link, groups_time
+from unity_cli.cost.memory import PART, memory_account
 from unity_cli.cost.model import CostConfig, Optimizer, estimate, sync_copy_seconds, update_seconds
 from unity_cli.ir import DType
 from unity_cli.ir.ops.sources import WeightAttrs
 from unity_cli.ir.recompute import Recompute
+from unity_cli.ir.schedule import layout_sources
 from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model, import_model_proto
 from unity_cli.search.baselines import data_parallel, tensor_parallel
@@ -63,6 +65,18 @@ def _dp(pcg, cluster, config: CostConfig | None = None):
     return evaluate(data_parallel(pcg, cluster), cluster, config or CostConfig())
 
 
+def _parts(pcg, cluster, config: CostConfig, device: int = 0) -> dict[str, int]:
+    """Device ``device``'s bytes by part under data parallelism (``cost/memory.py``)."""
+    b = data_parallel(pcg, cluster).pcg
+    views = default_views(b)
+    devs = [views[i].devices(n.outputs[0]) for i, n in b]
+    return {k: int(v[device]) for k, v in memory_account(b, devs, layout_sources(b), cluster, config).items()}
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 # -- scaling -------------------------------------------------------------------------------------
 
 
@@ -83,9 +97,11 @@ def test_data_parallel_scaling(models, request, which, cluster_name):
     assert all(a > b for a, b in zip(compute, compute[1:])), compute
     assert comm[0] == 0.0
     assert all(a <= b for a, b in zip(comm, comm[1:])), comm
-    # Memory per device falls too: activations are split, weights are not.
+    # Memory per device falls too from two replicas on: activations are split, weights are
+    # not. (One device syncs nothing: backward makes each gradient as it goes, where replicas
+    # hold the sync's flat buffer through the step.)
     mem = [max(r.memory) for r in reports]
-    assert all(a > b for a, b in zip(mem, mem[1:])), mem
+    assert all(a > b for a, b in zip(mem[1:], mem[2:])), mem
 
 
 @pytest.mark.parametrize("which", ["conv", "mlp"])
@@ -116,8 +132,10 @@ def test_bfloat16_is_faster_for_matmuls(tmp_path, dgx8):
     # Activations are stored in bfloat16; a parameter costs 2 (bf16 copy) + 4 (fp32 gradient) + 4 (fp32
     # master) + 8 (Adam) = 18 bytes, against 16 in float32 (ir/training.WeightBytes).
     params = sum(n.outputs[0].logical.numel for _, n in pcg if isinstance(n.op, WeightAttrs) and n.op.trainable)
-    activations = f32.memory[0] - 16 * params
-    assert activations > 0 and bf16.memory[0] == 18 * params + activations // 2
+    a, b = _parts(pcg, one, CostConfig(DType.FLOAT32)), _parts(pcg, one, CostConfig(DType.BFLOAT16))
+    assert (a["weights"], b["weights"]) == (4 * params, 2 * params)
+    assert b["optimizer"] - a["optimizer"] == 4 * params          # the fp32 master (the scratch alike)
+    assert a["activations"] > 0 and b["activations"] == a["activations"] // 2
 
 
 def test_tensor_parallel_costs_a_reduction(tiny_mlp, dgx8):
@@ -194,36 +212,49 @@ ROW = 16 + 32 + 32 + 8                    # per sample: x, h = x@w1, r = relu(h)
 
 
 @pytest.mark.parametrize("optimizer,states", [(Optimizer.ADAM, 2), (Optimizer.MOMENTUM, 1), (Optimizer.SGD, 0)])
-@pytest.mark.parametrize("devices", [1, 2, 4, 8])
+@pytest.mark.parametrize("devices", [2, 4, 8])
 def test_data_parallel_memory_by_hand(tiny_mlp, dgx8, optimizer, states, devices):
+    """x[8,16] -> MatMul w1 -> h -> Relu -> r -> MatMul w2 -> y[8,8], over replicas: the
+    busiest moment is backward after fc2, with y's and r's gradients in flight."""
     batch = 8
+    m = batch // devices
     pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg
     report = _dp(pcg, dgx8.first(devices), CostConfig(DType.FLOAT32, optimizer)).report
-    # float32 weight + gradient + optimizer states, replicated; activations split by batch.
-    want = PARAMS * 4 * (2 + states) + (batch // devices) * ROW * 4
+    want = (PARAMS * 4 * (2 + states)     # float32 weight, its gradient in the sync's buffer, the states
+            + 16 * 32 * 4                  # the optimizer's scratch: the largest update
+            + batch * 16 * 4 + batch * 8   # the micro-batch's x, whole on every rank, and its class ids
+            + m * (32 + 32 + 8) * 4        # h and r (Relu keeps both), y (the loss reads it)
+            + m * (8 + 32) * 4)            # gradients in flight: y's and r's
     assert report.memory == (want,) * devices
 
 
 def test_data_parallel_memory_bfloat16(tiny_mlp, dgx8):
     pcg = import_model(tiny_mlp, ImportOptions(8)).pcg
     report = _dp(pcg, dgx8.first(4), CostConfig(DType.BFLOAT16)).report
-    # a bf16 copy, an fp32 gradient and master, Adam's two fp32 states: 2 + 4 + 4 + 8 bytes
-    assert report.memory == (PARAMS * 18 + 2 * ROW * 2,) * 4
+    # a bf16 copy, an fp32 gradient and master, Adam's two fp32 states: 2 + 4 + 4 + 8 bytes;
+    # activations and their gradients in bfloat16
+    assert report.memory == (PARAMS * 18 + 16 * 32 * 4 + 8 * 16 * 4 + 8 * 8 + 2 * (72 + 40) * 2,) * 4
 
 
-@pytest.mark.parametrize("dtype,kept,sharded", [(DType.FLOAT32, 8, 8), (DType.BFLOAT16, 6, 12)])
+@pytest.mark.parametrize("dtype,kept,sharded", [(DType.FLOAT32, 4, 8), (DType.BFLOAT16, 2, 12)])
 @pytest.mark.parametrize("devices", [2, 3, 4])
 def test_zero_shards_the_optimizer_over_the_replicas(tiny_mlp, dgx8, dtype, kept, sharded, devices):
-    """ZeRO-1: each replica keeps the weights and gradients and 1/d of the master and Adam's
-    states (Megatron-LM's distributed optimizer: 8 + 8/d float32, 6 + 12/d mixed), and the
-    1/d of the gradient it reduce-scatters into (4/d, a communication buffer)."""
+    """ZeRO-1: each replica keeps the weights and gradients (in the sync's flat buffer, padded
+    to equal shards) and 1/d of the master and Adam's states (Megatron-LM's distributed
+    optimizer: 8 + 8/d float32, 6 + 12/d mixed), and the 1/d of the gradient it
+    reduce-scatters into (4/d, a communication buffer); the update works a shard at a time."""
     batch = 12
     pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg
-    plain = _dp(pcg, dgx8.first(devices), CostConfig(dtype)).report
-    zero = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(zero=1))).report
-    per_weight = [16 * 32, 32 * 8]
-    saved = sum(w * sharded - -(-w * sharded // devices) - -(-w * 4 // devices) for w in per_weight)
-    assert [p - z for p, z in zip(plain.memory, zero.memory)] == [saved] * devices
+    cluster = dgx8.first(devices)
+    plain = _dp(pcg, cluster, CostConfig(dtype)).report
+    zero = _dp(pcg, cluster, CostConfig(dtype, training=Training(zero=1))).report
+    p, z = _parts(pcg, cluster, CostConfig(dtype)), _parts(pcg, cluster, CostConfig(dtype, training=Training(zero=1)))
+    shards = [_ceil(w, devices) for w in (16 * 32, 32 * 8)]
+    assert (p["weights"], z["weights"]) == (kept * PARAMS, kept * sum(shards) * devices)
+    assert z["gradients"] - p["gradients"] == 4 * (sum(shards) * devices - PARAMS)
+    assert (p["communication buffers"], z["communication buffers"]) == (0, 4 * sum(shards))
+    assert (p["optimizer"], z["optimizer"]) == (sharded * PARAMS + 4 * 16 * 32, (sharded + 4) * sum(shards))
+    assert [a - b for a, b in zip(plain.memory, zero.memory)] == [sum(p.values()) - sum(z.values())] * devices
     assert zero.training == Training(zero=1) and plain.training == Training()
     # the same bytes sent: a reduce-scatter and an all-gather of the padded flat buffer
     shard = -(-PARAMS // devices)
@@ -241,13 +272,21 @@ def test_zero2_shards_the_gradients_and_reduce_scatters_each_micro_batch(tiny_ml
     own (as soon as backward has made its gradient) where ZeRO-1 sends one flat buffer once:
     each weight's shard padded on its own, the reduce-scatters and the gathers after the update."""
     pcg = import_model(tiny_mlp, ImportOptions(12)).pcg
-    one = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(1, micro))).report
-    two = _dp(pcg, dgx8.first(devices), CostConfig(dtype, training=Training(2, micro))).report
-    per_weight = [16 * 32, 32 * 8]
-    # (and ZeRO-1's summed shard, a buffer beside the gradient, is the gradient itself)
-    saved = sum(w * grad - -(-w * grad // devices) + -(-w * grad // devices) for w in per_weight)
-    assert [a - b for a, b in zip(one.memory, two.memory)] == [saved] * devices
-    flat, each = -(-PARAMS // devices), sum(-(-w // devices) for w in per_weight)
+    cluster = dgx8.first(devices)
+    configs = [CostConfig(dtype, training=Training(z, micro)) for z in (1, 2)]
+    one, two = (_dp(pcg, cluster, c).report for c in configs)
+    p1, p2 = (_parts(pcg, cluster, c) for c in configs)
+    shards = [_ceil(w, devices) for w in (16 * 32, 32 * 8)]
+    assert p1["weights"] == p2["weights"]
+    assert (p1["communication buffers"], p2["communication buffers"]) == (grad * sum(shards), 0)
+    # the states alike; the update's scratch a flat shard, or a weight's shard
+    assert p1["optimizer"] - 4 * sum(shards) == p2["optimizer"] - 4 * max(shards)
+    # the gradient's shards, and in flight the activations' gradients and, until its
+    # reduce-scatter, a weight's whole gradient beside the flat buffer it is scattered from
+    flight = p1["gradients"] - grad * sum(shards) * devices
+    assert grad * sum(shards) < p2["gradients"] <= grad * sum(shards) + 2 * grad * max(shards) * devices + flight
+    assert [a - b for a, b in zip(one.memory, two.memory)] == [sum(p1.values()) - sum(p2.values())] * devices
+    flat, each = _ceil(PARAMS, devices), sum(shards)
     assert [b - a for a, b in zip(one.comm_bytes, two.comm_bytes)] == \
         [(devices - 1) * 4 * ((micro + 1) * each - 2 * flat)] * devices
     assert two.step_time >= one.step_time
@@ -264,11 +303,10 @@ def test_zero3_shards_the_weights_and_gathers_each_for_forward_and_again_for_bac
     pcg = import_model(tiny_mlp, ImportOptions(12)).pcg
     two = _dp(pcg, dgx8.first(devices), CostConfig(training=Training(2))).report
     three = _dp(pcg, dgx8.first(devices), CostConfig(training=Training(3))).report
-    per_weight = [16 * 32, 32 * 8]
-    shards = sum(-(-w * 4 // devices) for w in per_weight)
+    shards = 4 * sum(_ceil(w, devices) for w in (16 * 32, 32 * 8))
     assert [b - a for a, b in zip(two.memory, three.memory)] == [shards] * devices
     plain = _dp(pcg, dgx8.first(devices)).report
-    padded = sum(-(-w // devices) for w in per_weight)          # per weight, not one flat buffer
+    padded = sum(-(-w // devices) for w in (16 * 32, 32 * 8))          # per weight, not one flat buffer
     assert [b - a for a, b in zip(plain.comm_bytes, three.comm_bytes)] == \
         [3 * (devices - 1) * padded * 4 - round(Fraction(2 * (devices - 1) * PARAMS * 4, devices))] * devices
     assert three.training == Training(3)
@@ -287,17 +325,27 @@ def test_zero3_with_recomputation_keeps_shards_alone():
 
 
 def test_tensor_parallel_memory_by_hand(tiny_mlp, dgx8):
+    """Each weight split 8 ways and synced by no one: its gradient is made as backward
+    reaches its reader, so at the busiest moment at most the weights' and y's gradients are
+    in flight."""
     batch = 4
     pcg = import_model(tiny_mlp, ImportOptions(batch)).pcg
     tp = tensor_parallel(pcg, dgx8)
     report = evaluate(tp, dgx8, CostConfig()).report
-    weights = PARAMS // 8 * 4 * 4                     # each weight split 8 ways
-    x = batch * 16                                    # replicated on every device
-    hidden = batch * 32 // 8 * 2                      # h and r, split by features
-    partial = batch * 8                               # y as 8 partial sums, one per device
-    per_device = weights + (x + hidden + partial) * 4
-    reduced = batch * 8 * 4                           # the reduced y, on one device
-    assert sorted(report.memory) == sorted([per_device + reduced] + [per_device] * 7)
+    views = default_views(tp.pcg)
+    devs = [views[i].devices(n.outputs[0]) for i, n in tp.pcg]
+    acc = memory_account(tp.pcg, devs, layout_sources(tp.pcg), dgx8, CostConfig())
+    piece = PARAMS // 8
+    for d in range(8):
+        parts = {k: int(v[d]) for k, v in acc.items()}
+        assert parts["weights"] == piece * 4
+        assert parts["optimizer"] == piece * 8 + 16 * 32 // 8 * 4            # Adam's states, the scratch
+        assert parts["inputs and constants"] == batch * 16 * 4 + batch * 8   # x whole, the class ids
+        hidden = batch * 32 // 8 * 2 * 4                                    # h and r, split by features
+        reduced = batch * 8 * 4 if d == 0 else 0                            # the loss reads y on device 0
+        assert parts["activations"] == hidden + reduced
+        assert 0 < parts["gradients"] <= piece * 4 + batch * 8 * 4
+        assert report.memory[d] == sum(parts.values())
 
 
 def test_infeasible_report_names_the_amounts(tiny_mlp, tmp_path):
@@ -368,12 +416,13 @@ def test_the_loss_is_priced_over_the_region_it_reads(dgx8, tmp_path):
 
 @pytest.mark.parametrize("fn,kept", [("Relu", 0), ("Sigmoid", 0), ("Tanh", 0), ("Gelu", 1)])
 def test_a_fused_activation_keeps_what_its_kernel_keeps(dgx8, fn, kept):
-    """Unfused, the product and the activation's output are both kept for backward. Fused,
-    the kernel keeps the product only where the activation's backward reads it (Gelu's
-    does; Relu's, Sigmoid's and Tanh's read their output), and the memory model counts so;
-    both kernels' backward agree with the unfused pair's."""
+    """Unfused, the activation's kernel keeps its input, the product, and its output for
+    backward. Fused, the kernel keeps the product only where the activation's backward reads
+    it (Gelu's does; Relu's, Sigmoid's and Tanh's read their output), and the memory model
+    counts so; both kernels' backward agree with the unfused pair's."""
     import numpy as np
 
+    from unity_cli.cost.memory import memory_table
     from unity_cli.ir.ops.elementwise import UnaryAttrs
     from unity_cli.ir.ops.linear import GemmAttrs
     from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
@@ -391,9 +440,16 @@ def test_a_fused_activation_keeps_what_its_kernel_keeps(dgx8, fn, kept):
         y = b.add1(GemmAttrs(trans_b=True), [x, w, c], name="fc")
         return b.build([b.add1(UnaryAttrs(fn), [y], name="act")])
 
-    mem = {f: max(estimate(g, default_views(g), dgx8, CostConfig()).memory) for f in (False, True)
-           for g in [graph(f)]}
-    assert mem[False] - mem[True] == (1 - kept) * 64 * 128 * 4
+    product = 64 * 128 * 4
+
+    def held(g):
+        views = default_views(g)
+        table = memory_table(g, [views[i].devices(n.outputs[0]) for i, n in g], layout_sources(g), dgx8, CostConfig())
+        return int(table.kept[:, PART["activations"], 0].sum()), max(estimate(g, views, dgx8, CostConfig()).memory)
+
+    (kept0, mem0), (kept1, mem1) = held(graph(False)), held(graph(True))
+    assert (kept0, kept1) == (product, kept * product)
+    assert mem0 > mem1
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(s) for s in ((64, 32), (128, 32), (128,))]
     g = rng.standard_normal((64, 128))

@@ -15,6 +15,7 @@ from test_training_steps import cpu_spec, optimize
 
 from unity_cli import zoo
 from unity_cli.cli import cli
+from unity_cli.cluster.parse import load_cluster
 from unity_cli.cost.model import CostConfig, memory_account
 from unity_cli.ir.recompute import Recompute, reads_weight, recomputed, segments
 from unity_cli.ir.schedule import layout_sources, needs_grad
@@ -23,6 +24,7 @@ from unity_cli.onnx_import import ImportOptions, import_model, import_model_prot
 from unity_cli.plan.plan import load_plan, seal
 from unity_cli.runtime.comm import mpi
 from unity_cli.runtime.executor import build_executor
+from unity_cli.runtime.footprint import planned_memory
 from unity_cli.runtime.loss import LossKind
 from unity_cli.runtime.model_io import weight_values
 from unity_cli.runtime.optim import OptimizerConfig, OptimizerKind
@@ -159,11 +161,20 @@ def test_recomputing_trains_like_one_process_and_sends_what_it_predicts(plans, t
     assert all(a >= b for a, b in zip(again, once, strict=True))
     if not strategy.startswith("tp=1,"):
         assert sum(again) > sum(once)
-    # it keeps less (an MLP's segments are its layers, whose outputs are kept: no less), and
-    # pays a second forward
-    less, more = max(loaded.predicted["memory_bytes"]), max(load_plan(kept).predicted["memory_bytes"])
+    # it holds less than the plan keeping everything would (an MLP's segments are its layers,
+    # whose outputs are kept: no less), and pays a second forward
+    less, more = max(doc["memory_bytes"]["measured"]), _walked(kept, ranks, doc["loss_kind"])
     assert less <= more if name == "mlp" else less < more
     assert loaded.predicted["step_time_ms"] > load_plan(kept).predicted["step_time_ms"]
+
+
+def _walked(path, ranks: int, loss: str) -> int:
+    """The most bytes a rank of the plan would hold (``runtime/footprint.py``, which every run
+    holds equal to the measurement), without running it."""
+    plan = load_plan(path)
+    program = build_program(plan.pcg, plan.views, plan.pcg.shape(plan.pcg.outputs[0]).rank - 1)
+    return max(planned_memory(program, r, plan.training, plan.config.get("optimizer", "adam"),
+                              plan.sync_bucket_bytes, LossKind(loss))[0] for r in range(ranks))
 
 
 def test_a_wrong_gradient_is_caught_under_recomputation(plans, tmp_path):
@@ -181,46 +192,47 @@ def test_the_memory_account_keeps_only_the_segments_inputs(tmp_path):
     views = single_device_views(pcg)
     devs = [v.devices(n.outputs[0]) for v, (_, n) in zip(views, pcg, strict=True)]
     layout = layout_sources(pcg)
-    acc = {m: memory_account(pcg, devs, layout, 1, CostConfig(training=Training(recompute=m))) for m in Recompute}
+    one = load_cluster(cpu_spec(tmp_path, 1))
+    acc = {m: memory_account(pcg, devs, layout, one, CostConfig(training=Training(recompute=m))) for m in Recompute}
     none, full, some = acc[Recompute.NONE], acc[Recompute.FULL], acc[Recompute.SELECTIVE]
-    for part in ("weights", "gradients", "optimizer", "inputs and constants"):
+    for part in ("weights", "optimizer", "inputs and constants"):
         assert (none[part] == full[part]).all() and (none[part] == some[part]).all(), part
     # selective keeps what the products read: between keeping everything and the residual stream
     assert full["activations"][0] < some["activations"][0] < none["activations"][0]
     assert none["recompute workspace"].sum() == 0 < full["recompute workspace"].sum()
-    assert full["activations"][0] + full["recompute workspace"][0] < none["activations"][0] / 2
-    # the workspace is one segment's (the largest: an attention half-block's), far less than
-    # what the others no longer keep
+    # the workspace: the segments' inputs, kept until backward is done, and one segment's
+    # values alive again (an attention half-block's), far less than keeping everything
     segs = recomputed(pcg, layout, needs_grad(pcg, pcg.outputs[0]), Recompute.FULL)
     assert len(segs) > 4
-    assert full["recompute workspace"][0] < (none["activations"][0] - full["activations"][0]) / 3
+    assert full["activations"][0] + full["recompute workspace"][0] < none["activations"][0] / 2
 
 
 def test_the_search_recomputes_only_where_nothing_fits_without(tmp_path):
-    """On one device, a limit below what the step keeps at one sequence per micro-batch: the
-    search turns recomputation on (and writes it in the plan), and the plan fits and trains;
-    with room, it never recomputes."""
+    """On two ranks, a limit below what the step keeps at one sequence per micro-batch: the
+    search turns recomputation on (and writes it in the plan), and the plan fits
+    and trains; with room, it never recomputes. (On one device the accumulated gradients,
+    beside backward's, dominate the step's peak: recomputing there saves little.)"""
     zoo.write("gpt3-175b", tmp_path / "gpt.onnx", "small")
     model = tmp_path / "gpt.onnx"
-    spec = cpu_spec(tmp_path, 1)
-    loose = optimize(model, spec, tmp_path / "loose.json", 4, "--strategy", "parallel_only")
+    spec = cpu_spec(tmp_path, 2)
+    loose = optimize(model, spec, tmp_path / "loose.json", 8, "--strategy", "parallel_only")
     assert load_plan(tmp_path / "loose.json").training.recompute is Recompute.NONE
-    at_one = optimize(model, spec, tmp_path / "one.json", 4, "--strategy", "parallel_only", "--micro-batches", "4",
+    at_one = optimize(model, spec, tmp_path / "one.json", 8, "--strategy", "parallel_only", "--micro-batches", "8",
                       "--recompute", "none")
     least = min(row["max_memory_bytes"] for row in at_one["baselines"].values())
     limit = int(least * 0.97)
     plan = tmp_path / "plan.json"
-    doc = optimize(model, spec, plan, 4, "--strategy", "parallel_only", "--memory-limit", f"{limit}B")
+    doc = optimize(model, spec, plan, 8, "--strategy", "parallel_only", "--memory-limit", f"{limit}B")
     got = load_plan(plan)
     assert got.training.recompute is not Recompute.NONE and max(doc["predicted"]["memory_bytes"]) <= limit
     assert loose["predicted"]["step_time_ms"] < doc["predicted"]["step_time_ms"]
-    assert got.training.micro_batches <= 4      # (the fewest with which it fits, recomputing)
-    out = run_json(plan, "--steps", "2", "--check", "--optimizer", "sgd", ranks=1)
+    assert got.training.micro_batches <= 8      # (the fewest with which it fits, recomputing)
+    out = run_json(plan, "--steps", "2", "--check", ranks=2)
     assert out["check"]["passed"]
-    # fixed to none, nothing fits: refused in one line
-    r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(spec), "--batch-size", "4", "--out",
+    # fixed to none (and no ZeRO), nothing fits: refused in one line
+    r = CliRunner().invoke(cli, ["optimize", str(model), "--cluster", str(spec), "--batch-size", "8", "--out",
                                  str(tmp_path / "no.json"), "--memory-limit", f"{limit}B", "--strategy",
-                                 "parallel_only", "--recompute", "none"])
+                                 "parallel_only", "--recompute", "none", "--zero", "0"])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1 and not (tmp_path / "no.json").exists()
 
 

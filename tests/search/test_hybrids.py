@@ -352,12 +352,12 @@ def test_best_is_never_slower(models, clusters, tiny_models, model, cluster_name
 
 
 def test_hybrids_that_cannot_fit_are_not_simulated(models, clusters):
-    """Under a 5 MB limit only tp=2,dp=3 fits (weights split in two, a third of the batch): the
+    """Under a 6 MB limit only tp=2,dp=3 fits (weights split in two, a third of the batch): the
     others are counted out by memory alone, as the full estimate would have."""
     pcg = import_model(mlp_model(models / "wide.onnx", d_in=256, hidden=1024, d_out=256, shape_only=True),
                        ImportOptions(240)).pcg
     cluster = clusters["1x6"]
-    tight = CostConfig(memory_limit=5_000_000)
+    tight = CostConfig(memory_limit=6_000_000)
     for t, d in hybrid_degrees(6, 240):
         full = price_hybrid(hybrid(pcg, t, d), cluster, tight).report
         assert full.feasible == (t == 2), (t, max(full.memory))

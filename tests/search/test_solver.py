@@ -157,12 +157,16 @@ MEMORY_CASES = [
 ]
 
 
+SOLVER_OVER = 2.5
+
+
 @pytest.mark.parametrize("name,make,shape", MEMORY_CASES, ids=[f"{c[0]}-{c[2][0]}x{c[2][1]}" for c in MEMORY_CASES])
 def test_the_solver_counts_every_byte_the_pricing_does(name, make, shape):
     """For every mesh's optimum and at every option of the first operator (so resharding
     edges of many kinds are realized), the solver's memory is never less than what
-    ``estimate`` finds on the busiest device of the realized graph, and on a chain, where
-    no two consumers share a resharding, the two are equal."""
+    ``estimate`` finds on the busiest device of the realized graph (the solver adds up every
+    operator's outputs and every resharding's buffers, held through the step, where the step
+    frees those no context keeps), and on a chain it is at most :data:`SOLVER_OVER` times it."""
     pcg = make()
     c = cluster(*shape)
     for mesh in factorizations(c.num_devices):
@@ -176,8 +180,8 @@ def test_the_solver_counts_every_byte_the_pricing_does(name, make, shape):
             g = realize(p, choice)
             busiest = max(estimate(g, default_views(g), c, CostConfig()).memory)
             assert p.memory(choice) >= busiest, (mesh, k)
-            if name in ("mlp", "reshaped"):
-                assert p.memory(choice) == busiest, (mesh, k)
+            if name in ("mlp", "reshaped"):     # (a sum over the step, where the step frees some)
+                assert p.memory(choice) <= SOLVER_OVER * busiest, (mesh, k, p.memory(choice) / busiest)
 
 
 def test_a_plan_that_fits_the_solver_fits_the_pricing():
@@ -359,7 +363,7 @@ def test_memory_that_cannot_fit_is_refused_before_any_search():
     no assignment fits; one byte more room than that sum and one does."""
     pcg = mlp(8, [64, 64])
     p = build_problem(pcg, cluster(1, 2), CostConfig(), (1, 2))
-    leanest = sum(min(p.node_memory[i]) for i in p.nodes)
+    leanest = p.fixed + sum(min(p.node_memory[i]) for i in p.nodes)
     tight = dataclasses.replace(p, capacity=leanest - 1)
     assert solve_problem(tight) is None
     room = dataclasses.replace(p, capacity=leanest)
@@ -370,7 +374,8 @@ def test_memory_that_cannot_fit_is_refused_before_any_search():
 def _whole_price(cl, config, source, target, kind, grad):
     """A resharding priced at its real sizes, as the cost model prices any graph: the oracle
     of the solver's pricing at unit sizes."""
-    from unity_cli.cost.model import CostContext, memory_per_device, node_cost
+    from unity_cli.cost.memory import outputs_held
+    from unity_cli.cost.model import CostContext, node_cost
     from unity_cli.ir.ops.elementwise import UnaryAttrs
     from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
     from unity_cli.ir.pcg import GraphBuilder
@@ -391,8 +396,8 @@ def _whole_price(cl, config, source, target, kind, grad):
     seconds = sum(c.compute_fwd + c.compute_bwd + c.comm_fwd + c.comm_bwd + c.grad_sync for c in costs)
     if kind is not Tensor.ACTIVATION:
         return seconds, 0.0
-    devs = [views[i].devices(n.outputs[0]) if i >= first else () for i, n in pcg]
-    return seconds, float(max(memory_per_device(pcg, devs, ctx.layout, cl.num_devices, config)))
+    devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
+    return seconds, float(outputs_held(pcg, devs, range(first, len(pcg)), config, cl.num_devices).max())
 
 
 def _profile(per_node: int):

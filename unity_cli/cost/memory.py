@@ -2,20 +2,26 @@
 (``cost/model.estimate``), the solver's checks and the report read."""
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..cluster.spec import DeviceKind
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
-from ..ir.pcg import PCG
+from ..ir.opspec import OpKind, Saved
+from ..ir.pcg import PCG, Node, TensorRef
 from ..ir.recompute import recomputed, segments
-from ..ir.schedule import needs_grad, stored_layout
+from ..ir.schedule import layout_sources, looks_like_logits, needs_grad, stored_layout
+from ..ir.shapes import TensorShape
+from ..ir.training import CPU_CHUNK, GPU_CHUNK, LossKind, label_dtype, label_shape, shard_elements
 from .moves import device_array
 
 if TYPE_CHECKING:
+    from ..cluster.spec import ClusterSpec
     from .model import CostConfig
 
 
@@ -34,11 +40,31 @@ PART = {p: k for k, p in enumerate(MEMORY_PARTS)}
 
 
 @dataclass(frozen=True)
+class Scratch:
+    """The optimizer's scratch buffer (``runtime/optim.py``): as large as its largest update
+    (a weight, its ZeRO shard, or under ZeRO-1 a group's flat shard: all of them, added up
+    per segment), at most a chunk."""
+
+    largest: np.ndarray     # [device]: elements
+    fixed: np.ndarray       # [device]: ZeRO-1's flat shards that no segment reads
+    flat: np.ndarray        # [segment, device]: and each segment's
+    chunk: np.ndarray       # [device]
+
+    def bytes(self) -> np.ndarray:
+        return np.minimum(np.maximum(self.largest, self.fixed + self.flat.sum(axis=0)), self.chunk) * 4
+
+
+@dataclass(frozen=True)
 class MemoryTable:
     """What each device holds during a step under one ZeRO stage and recomputation, by part
     and by segment (``ir/recompute.segments``), for any count of segments recomputed: a
     weight, constant or input goes with the segment of its first reader (so a graph of
     repeated blocks adds up block by block, :meth:`repeated`), an activation with its own.
+
+    The bytes of a device are those of its busiest moment, of two kinds: the end of forward
+    (every segment's bytes, with the values in flight), and backward running a segment (the
+    activations of the segments after it freed, the gradients in flight, and the segment's
+    workspace where it is recomputed, or ZeRO-3's gathers where it is not).
 
     Arrays are ``[segment, part, device]`` bytes (parts: :data:`MEMORY_PARTS`)."""
 
@@ -50,45 +76,86 @@ class MemoryTable:
     """ZeRO-3's gathered copies that readers in several segments keep, all of them recomputed:
     (first, last segment, bytes per device), held unless every such segment recomputes."""
     transient: np.ndarray | None = None
-    """[device]: ZeRO-3's gathers alive at the start of backward (the pass reading one, the
-    next in flight), when no recompute workspace is: the larger of the two counts."""
+    """[device]: ZeRO-3's gathers in flight while a pass runs (the one it reads, the next
+    prefetched); a recompute's are in its workspace."""
+    ahead: np.ndarray | None = None
+    """[device]: the most bytes of values forward has made and not yet freed that no context keeps."""
+    behind: np.ndarray | None = None
+    """[segment, device]: the most bytes of gradients made and not yet used while backward
+    runs the segment (and the unsynced weights' gradients made by then)."""
+    scratch: Scratch | None = None
 
-    def _moment(self, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The workspace and the gathers in flight of the busiest moment of backward."""
-        if self.transient is None:
-            return ws, np.zeros_like(ws)
-        first = ws >= self.transient
-        return np.where(first, ws, 0), np.where(first, 0, self.transient)
+    @property
+    def held(self) -> np.ndarray:
+        """[part, device]: what no segment holds, the optimizer's scratch with it."""
+        if self.scratch is None:
+            return self.fixed
+        out = self.fixed.copy()
+        out[PART["optimizer"]] += self.scratch.bytes()
+        return out
+
+    def _start(self, per: np.ndarray, limit: int) -> np.ndarray:
+        """``[part, device]``: every segment's bytes (``per``), and what is held beside them
+        throughout: what no segment reads, and ZeRO-3's copies held across segments."""
+        start = self.held + per.sum(axis=0)
+        for _, last, held in self.joint:
+            if limit <= last:
+                start[PART["weights"]] += held
+        return start
 
     def at(self, limit: int = 0) -> dict[str, np.ndarray]:
-        """The bytes per device by part when the first ``limit`` segments recompute (0: all)."""
+        """The bytes per device by part at its busiest moment (the class docstring) when the
+        first ``limit`` segments recompute (0: all)."""
         n = len(self.kept)
-        active = np.arange(n) < (limit or n)
-        total = self.fixed + np.where(active[:, None, None], self.again, self.kept).sum(axis=0)
-        ws, flight = self._moment(self.workspace[active].max(axis=0) if active.any()
-                                  else np.zeros(self.fixed.shape[1], dtype=np.int64))
-        total[PART["recompute workspace"]] += ws
-        total[PART["communication buffers"]] += flight
-        for _, last, held in self.joint:
-            if limit and limit <= last:
-                total[PART["weights"]] += held
-        return {p: total[k] for k, p in enumerate(MEMORY_PARTS)}
+        limit = limit or n
+        per = np.where((np.arange(n) < limit)[:, None, None], self.again, self.kept)
+        start = self._start(per, limit)
+        transient = self.transient if self.transient is not None else 0
+        best = start.copy()
+        best[PART["communication buffers"]] += transient
+        if self.ahead is not None:
+            best[PART["activations"]] += self.ahead
+        act = PART["activations"]
+        later = np.concatenate([np.cumsum(per[::-1, act], axis=0)[::-1][1:], np.zeros_like(per[:1, act])])
+        for s in range(n):
+            moment = start.copy()
+            moment[act] -= later[s]
+            if self.behind is not None:
+                moment[PART["gradients"]] += self.behind[s]
+            ws = self.workspace[s] if s < limit else 0      # a recompute's gathers are in it, or
+            moment[PART["recompute workspace"]] += np.where(ws >= transient, ws, 0)
+            moment[PART["communication buffers"]] += np.where(ws >= transient, 0, transient)
+            busier = moment.sum(axis=0) > best.sum(axis=0)
+            best[:, busier] = moment[:, busier]
+        return {p: best[k] for k, p in enumerate(MEMORY_PARTS)}
 
     def totals(self) -> np.ndarray:
-        """``[limit, device]``: the bytes per device when the first ``limit`` segments
-        recompute, for every limit from 0 (all) to the count of segments."""
+        """``[limit, device]``: :meth:`at`'s sum when the first ``limit`` segments recompute,
+        for every limit from 0 (all) to the count of segments."""
         n = len(self.kept)
-        fixed = self.fixed.sum(axis=0)
+        fixed = self.held.sum(axis=0)
+        transient = self.transient if self.transient is not None else np.zeros_like(fixed)
+        ahead = self.ahead if self.ahead is not None else np.zeros_like(fixed)
         if not n:
-            return (fixed + sum(self._moment(np.zeros_like(fixed))))[None, :]
+            return (fixed + transient + ahead)[None, :]
+        behind = self.behind if self.behind is not None else np.zeros_like(self.workspace)
+        act = PART["activations"]
         again, kept = np.cumsum(self.again.sum(axis=1), axis=0), np.cumsum(self.kept.sum(axis=1), axis=0)
-        ws = np.maximum.accumulate(self.workspace, axis=0)
-        if self.transient is not None:
-            ws = np.maximum(ws, self.transient)
-        out = np.empty((n + 1, fixed.shape[0]), dtype=np.int64)
-        out[1:] = fixed + again + (kept[-1] - kept) + ws
+        again_act, kept_act = np.cumsum(self.again[:, act], axis=0), np.cumsum(self.kept[:, act], axis=0)
+        # row L-1 is ``limit`` L: the segments before L recomputed
+        base = fixed + again + (kept[-1] - kept)
         for _, last, held in self.joint:
-            out[1:last + 1] += held
+            base[:last] += held
+        # backward running segment s < L (recomputed): the activations after it, (again_act[L-1]
+        # - again_act[s]) + (kept_act[-1] - kept_act[L-1]), freed
+        recomputing = base - again_act - (kept_act[-1] - kept_act) + \
+            np.maximum.accumulate(again_act + behind + np.maximum(self.workspace, transient), axis=0)
+        # running segment s >= L (kept): kept_act[-1] - kept_act[s] freed
+        tail = np.maximum.accumulate((kept_act + behind)[::-1], axis=0)[::-1]      # its best s >= L-1 ...
+        keeping = np.full_like(base, np.iinfo(np.int64).min // 2)
+        keeping[:-1] = base[:-1] - kept_act[-1] + transient + tail[1:]              # ... at s >= L
+        out = np.empty((n + 1, fixed.shape[0]), dtype=np.int64)
+        out[1:] = np.maximum(np.maximum(base + transient + ahead, recomputing), keeping)
         out[0] = out[n]
         return out
 
@@ -110,12 +177,13 @@ class MemoryTable:
                 joint.extend((first + k * period, last + k * period, held) for k in range(times + 1))
             else:
                 joint.append((first, last + times * period, held))
+        scratch = self.scratch if self.scratch is None else replace(self.scratch, flat=grown(self.scratch.flat))
         return MemoryTable(self.fixed, grown(self.kept), grown(self.again), grown(self.workspace), tuple(joint),
-                           self.transient)
+                           self.transient, self.ahead, None if self.behind is None else grown(self.behind), scratch)
 
 
 def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
-                 num_devices: int, config: CostConfig, segs: Sequence[Sequence[int]] | None = None,
+                 cluster: ClusterSpec, config: CostConfig, segs: Sequence[Sequence[int]] | None = None,
                  grads: frozenset | None = None) -> MemoryTable:
     """Every byte a device holds (:class:`MemoryTable`, and :func:`memory_account`): each
     trainable weight's stored pieces with their gradients and optimizer state
@@ -129,7 +197,9 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     backward recomputes a segment, its nodes' outputs and contexts are alive again: the
     largest segment's is the workspace. ``segs`` and ``grads``: the graph's segments and the
     tensors whose gradient flows, where already made."""
-    stored = stored_nodes(pcg, layout)
+    # a view (a Reshape) is counted as a tensor of its own, as the runtime's ledger counts it
+    stored = [held or layout[i] is None for i, held in enumerate(stored_nodes(pcg, layout))]
+    num_devices = cluster.num_devices
     per_param, zero = config.weight_bytes, config.training.zero
     segs = segments(pcg, layout) if segs is None else segs
     grads = needs_grad(pcg, pcg.outputs[0]) if grads is None else grads
@@ -149,6 +219,9 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     first = np.zeros(num_devices, dtype=np.int64)      # ZeRO-3: the largest gathered copy alive
     second = np.zeros(num_devices, dtype=np.int64)     # for one pass, and the next largest
     first_gather: dict[int, tuple[int, tuple[np.ndarray, int]]] = {}   # a segment's first recomputed gather
+    largest = np.zeros(num_devices, dtype=np.int64)                    # the largest update's elements
+    flat = np.zeros((len(segs) + 1, num_devices), dtype=np.int64)      # ZeRO-1's flat shards: what no
+    # segment reads, then per segment
 
     def both(s: int | None, part: str, at: np.ndarray, nbytes) -> None:
         if s is None:
@@ -157,7 +230,23 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             np.add.at(kept[s, PART[part]], at, nbytes)
             np.add.at(again[s, PART[part]], at, nbytes)
 
+    saved = [n.spec.saved(n.op, [pcg.shape(r).piece for r in n.inputs], [o.piece for o in n.outputs])
+             if layout[i] is None and not n.spec.is_parallel_op else None for i, n in pcg]
+    keeps = _kept_outputs(pcg, stored, saved)
+    synced = _synced(pcg, layout, stored)
+    own: dict[int, list[tuple[int, int, np.ndarray]]] = {}   # a node's kept bytes, the node freeing
+    # them and their devices, where
+    # its segment keeps them whether it recomputes or not
+    scaled = [False] * len(pcg)     # a layout of a source that a Reduction of replicas scales
     for i, n in pcg:
+        if layout[i] is not None and i != layout[i]:
+            scaled[i] = n.kind == OpKind.Reduction or scaled[n.inputs[0].node]
+    for i, n in pcg:
+        if n.spec.is_source and not (isinstance(n.op, WeightAttrs) and n.op.trainable):
+            # every rank holds an input (a micro-batch's) or constant whole, and cuts views of it
+            both(home.get(i), "inputs and constants", np.arange(num_devices),
+                 math.prod(n.outputs[0].sizes) * n.outputs[0].dtype.itemsize)
+            continue
         if not stored[i]:
             continue
         shape = n.outputs[0]
@@ -165,13 +254,22 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         at = device_array(devs[i])
         if src is not None and isinstance(pcg.nodes[src].op, WeightAttrs) and pcg.nodes[src].op.trainable:
             for part, nbytes in per_param.breakdown(shape.piece.numel, shape.copy_degree, zero).items():
-                both(home.get(i), part, at, nbytes)
+                if synced[src] or part != "gradients":      # an unsynced one's: made by backward
+                    both(home.get(i), part, at, nbytes)
+            if config.training.micro_batches > 1 and not synced[src]:   # accumulated beside backward's
+                both(home.get(i), "gradients", at, per_param.grad * shape.piece.numel)
+            # the optimizer's scratch: one update at a time, a flat shard of a group's (ZeRO-1) or a weight's
+            if zero == 1 and shape.copy_degree > 1:
+                flat_at = flat[home[i] + 1] if i in home else flat[0]
+                np.add.at(flat_at, at, shard_elements(shape.piece.numel, shape.copy_degree))
+            else:
+                np.maximum.at(largest, at, shard_elements(shape.piece.numel, shape.copy_degree if zero else 1))
             if zero >= 3 and shape.copy_degree > 1:
                 # ZeRO-3's gathered copy: alive while a pass of its readers runs (forward, the
                 # backward of those not recomputed, a recompute: ir/recompute.weight_passes),
                 # one at a time with the next in flight, or through backward where that pass
                 # spans segments (a weight read in several); a recompute's is its workspace
-                gathered = per_param.weight * shape.piece.numel
+                gathered = per_param.weight * shard_elements(shape.piece.numel, shape.copy_degree) * shape.copy_degree
                 readers = [u for u, _ in pcg.consumers[i] if layout[u] is None]
                 where = sorted({seg_of[u] for u in readers})
                 if len({seg_of[u] for u in readers if u not in again_of}) > 1:
@@ -190,21 +288,45 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
                         if min(again_in) < first_gather.get(s, (len(pcg), None))[0]:
                             first_gather[s] = (min(again_in), (at, gathered))
             continue
-        out = sum(o.piece.numel * (config.dtype.itemsize if o.dtype.is_float and
-                                   not isinstance(pcg.nodes[src].op if src is not None else None, WeightAttrs)
-                                   else o.dtype.itemsize) for o in n.outputs)
-        extra = n.spec.saved(n.op, [pcg.shape(r).piece for r in n.inputs],
-                             [o.piece for o in n.outputs]).extra_bytes(config.dtype.itemsize)
         if src is not None:
-            both(home.get(i), "inputs and constants", at, out + extra)
+            if scaled[i]:       # a piece of an input or constant that is no view of it: a copy
+                both(home.get(i), "inputs and constants", at, shape.piece.numel * shape.dtype.itemsize)
             continue
+        out = _output_bytes(n, config)
+        extra = saved[i].extra_bytes(config.dtype.itemsize) if saved[i] is not None else 0
+        final = {r.index for r in pcg.outputs if r.node == i}      # the loss's input: held to the end
+        np.add.at(fixed[PART["activations"]], at, _output_bytes(n, config, final))
+        mine = keeps.get(i, {})
+        held = _output_bytes(n, config, mine.keys() - final)
         s = seg_of[i]
+        # an input its kernel keeps that another device made: the buffer it was received in
+        received = []
+        for k in saved[i].inputs if saved[i] is not None else ():
+            r = n.inputs[k]
+            if layout[r.node] is None and (away := sorted(set(devs[i]) - set(devs[r.node]))):
+                received.append((device_array(tuple(away)), _bytes(pcg.shape(r).piece, config)))
+        # What a recompute reads of another segment, or of an operator not recomputed, is kept
+        # until the micro-batch's backward is done (``runtime/program.StepOrder.kept``): so it
+        # is not freed with its segment, the account holds it under the recompute workspace.
+        redo = PART["recompute workspace"]
         if i not in again_of:
-            both(s, "activations", at, out + extra)
+            reread = {pcg.nodes[u].inputs[k].index for u, k in pcg.consumers[i] if u in again_of} - final
+            np.add.at(kept[s, PART["activations"]], at, held + extra)
+            np.add.at(again[s, PART["activations"]], at, _output_bytes(n, config, mine.keys() - final - reread) + extra)
+            np.add.at(again[s, redo], at, _output_bytes(n, config, reread))
+            own[i] = [(extra, i, at)] + [(_output_bytes(n, config, {j}), free, at) for j, free in mine.items()
+                                         if j not in final and j not in reread]
+            for away, nbytes in received:
+                np.add.at(kept[s, PART["activations"]], away, nbytes)
+                np.add.at(again[s, PART["activations"]], away, nbytes)
+                own[i].append((nbytes, i, away))
             continue
-        np.add.at(kept[s, PART["activations"]], at, out + extra)
+        np.add.at(kept[s, PART["activations"]], at, held + extra)
+        for away, nbytes in received:
+            np.add.at(kept[s, PART["activations"]], away, nbytes)
+            np.add.at(workspace[s], away, nbytes)
         if any(again_of.get(u) != s for u, _ in pcg.consumers[i]):
-            np.add.at(again[s, PART["activations"]], at, out)
+            np.add.at(again[s, redo], at, out)
             np.add.at(workspace[s], at, extra)
         else:
             np.add.at(workspace[s], at, out + extra)
@@ -214,17 +336,196 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     for prev, s in zip(order, order[1:]):
         at, gathered = first_gather[prev][1]
         np.add.at(workspace[s], at, gathered)
-    return MemoryTable(fixed, kept, again, workspace, tuple(joint), first + second if zero >= 3 else None)
+    fixed[PART["inputs and constants"]] += target_bytes(pcg, config)
+    ahead, behind = _in_flight(pcg, devs, layout, stored, keeps, own, grads, synced, segs, num_devices, config)
+    return MemoryTable(fixed, kept, again, workspace, tuple(joint), first + second if zero >= 3 else None,
+                       ahead, behind, Scratch(largest, flat[0], flat[1:], update_chunks(cluster)))
+
+
+def target_bytes(pcg: PCG, config: CostConfig) -> int:
+    """A micro-batch's targets, whole (every rank holds them): class ids where the loss is
+    cross entropy (as ``unity run`` chooses it from the plan's ``--loss``), else the output's shape."""
+    kind = LossKind.CROSS_ENTROPY if config.loss == "cross_entropy" or config.loss == "auto" and \
+        looks_like_logits(pcg) else LossKind.MSE
+    return math.prod(label_shape(kind, pcg.shape(pcg.outputs[0]).sizes)) * label_dtype(kind).itemsize
+
+
+def update_chunks(cluster: ClusterSpec) -> np.ndarray:
+    """Per device, the elements the optimizer updates at a time (``runtime/optim.py``): its
+    scratch buffer holds at most as many."""
+    return np.array([GPU_CHUNK if cluster.device_type(d).kind is DeviceKind.GPU else CPU_CHUNK
+                     for d in range(cluster.num_devices)], dtype=np.int64)
+
+
+def step_bytes(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> float:
+    """What a device holds whatever the parallelization (as ``cost/memory.py`` counts it):
+    the graph's inputs and constants whole, a micro-batch's targets, at most the optimizer's
+    scratch of its largest update (a whole weight, or under ZeRO all of them), and at most
+    the values and gradients in flight of the graph on one device (:func:`flight_bound`)."""
+    sources = sum(math.prod(n.outputs[0].sizes) * n.outputs[0].dtype.itemsize for _, n in pcg
+                  if n.spec.is_source and not (isinstance(n.op, WeightAttrs) and n.op.trainable))
+    sizes = [math.prod(n.outputs[0].sizes) for _, n in pcg if isinstance(n.op, WeightAttrs) and n.op.trainable]
+    update = (max(sizes, default=0) if config.training.zero == 0 else sum(sizes))    # a weight, or a flat shard
+    return float(sources + target_bytes(pcg, config) + 4 * min(update, int(update_chunks(cluster).max()))
+                 + flight_bound(pcg, cluster, config))
+
+
+def flight_bound(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> int:
+    """The most bytes in flight (values no context keeps, gradients not yet used: the
+    table's ``ahead`` and ``behind``) with every tensor whole on one device: no
+    parallelization holds more of them on a device (a piece is at most its tensor)."""
+    memo = pcg.__dict__.setdefault("_flight_bound", {})
+    key = (config.dtype, config.training, config.loss)
+    if key not in memo:
+        one = cluster.first(1)
+        t = memory_table(pcg, [(0,)] * len(pcg), layout_sources(pcg), one, config)
+        memo[key] = int(max(t.ahead.max(initial=0) if t.ahead is not None else 0,
+                            t.behind.max(initial=0) if t.behind is not None else 0))
+    return memo[key]
+
+
+def outputs_held(pcg: PCG, devs: Sequence[tuple[int, ...]], nodes: Iterable[int], config: CostConfig,
+                 num_devices: int) -> np.ndarray:
+    """Per device, the bytes of ``nodes``' output pieces (floats at the planner's dtype): what
+    the solver's additive account holds for a resharding's buffers, all of them at once."""
+    out = np.zeros(num_devices, dtype=np.int64)
+    for i in nodes:
+        for o in pcg.nodes[i].outputs:
+            np.add.at(out, device_array(devs[i]), _bytes(o.piece, config))
+    return out
+
+
+def _trainable(pcg: PCG, layout: Sequence[int | None], i: int) -> bool:
+    """Whether node ``i`` is a layout of a trainable weight."""
+    src = layout[i]
+    return src is not None and isinstance(op := pcg.nodes[src].op, WeightAttrs) and op.trainable
+
+
+def _synced(pcg: PCG, layout: Sequence[int | None], stored: Sequence[bool]) -> dict[int, bool]:
+    """Per trainable weight (its node), whether replicas keep some region of it, so that its
+    gradient is summed in the sync's buffers; an unsynced weight's gradient is made by backward."""
+    out: dict[int, bool] = {}
+    for i, n in pcg:
+        if stored[i] and _trainable(pcg, layout, i):
+            out[layout[i]] = out.get(layout[i], False) or n.outputs[0].copy_degree > 1
+    return out
+
+
+def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None], stored: Sequence[bool],
+               keeps: dict[int, dict[int, int]], own: dict[int, list[tuple[int, int, np.ndarray]]], grads: frozenset,
+               synced: dict[int, bool],
+               segs: Sequence[Sequence[int]], num_devices: int, config: CostConfig
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+    """What the account's parts, each a sum over the step, leave out: ``[device]``, the most
+    bytes alive at one step of forward of the values no context keeps (from their node to
+    their last reader; a recomputed segment's forward holds no more than its recompute, the
+    workspace), less the contexts forward has not made yet, and ``[segment, device]``, the
+    most bytes alive at one step of backward through each segment of the gradients made and
+    not yet used: an activation's from the backward of its last reader to its node's, an
+    unsynced weight's from its last reader's to the update, and under ZeRO-2/3 a replicated
+    weight's from its last reader's to its first's, where it is reduce-scattered out of a
+    flat buffer of its size (``ir/buckets.py``).
+    Backward frees an operator's context (``own``) as it runs it, so a segment's count is
+    of the gradients less the contexts of its operators already run then. Without segments,
+    the forward's and backward's most together as the first."""
+    n = len(pcg)
+    delta = np.zeros((3, n + 2, num_devices), dtype=np.int64)     # positions 0 .. n (the loss)
+    grad_bytes = config.weight_bytes.grad
+    # a parallel op's readers read its source's gradient (a region of it, or what the op's
+    # backward sends): the source's is alive until the last of them has run backward
+    until = list(range(n))
+    for i in range(n - 1, -1, -1):
+        for u, _ in pcg.consumers[i]:
+            until[i] = max(until[i], until[u] if pcg.nodes[u].spec.is_parallel_op and layout[u] is None else u)
+
+    def alive(k: int, lo: int, hi: int, at: np.ndarray, nbytes: int) -> None:
+        np.add.at(delta[k, lo], at, nbytes)
+        np.subtract.at(delta[k, hi + 1], at, nbytes)
+
+    for i, node in pcg:
+        readers = [u for u, _ in pcg.consumers[i]]
+        last = max(readers, default=i)
+        at = device_array(devs[i])
+        if layout[i] is not None:
+            shape = node.outputs[0]
+            if not (stored[i] and readers and _trainable(pcg, layout, i)):
+                continue
+            if not synced[layout[i]]:
+                alive(1, 0, last, at, grad_bytes * shape.piece.numel)
+            elif config.training.zero >= 2 and shape.copy_degree > 1:
+                first = min(readers)
+                alive(1, first, last, at, grad_bytes * shape.piece.numel)
+                alive(1, first, first, at,
+                      grad_bytes * shard_elements(shape.piece.numel, shape.copy_degree) * shape.copy_degree)
+            continue
+        for j, o in enumerate(node.outputs):
+            nbytes = _bytes(o.piece, config)
+            if stored[i] and j not in keeps.get(i, ()):
+                alive(0, i, last, at, nbytes)
+            if TensorRef(i, j) in grads and not node.spec.is_parallel_op:   # made by the backward of its
+                # last reader (or the loss), used by its node's
+                if TensorRef(i, j) in pcg.outputs:
+                    alive(1, i, n, at, nbytes)
+                else:
+                    alive(1, i + 1, max(until[i], i), at, nbytes)
+    starts = [0] + [min(seg) for seg in segs[1:]]
+    first = np.searchsorted(starts, np.arange(n), side="right") - 1     # each position's segment's start
+    later = np.zeros((n + 2, num_devices), dtype=np.int64)     # forward: the contexts not made yet
+    for i, entries in own.items():
+        for nbytes, free, at in entries:
+            if free >= starts[first[i]]:
+                alive(2, starts[first[i]], free, at, nbytes)
+            np.add.at(later[0], at, nbytes)
+            np.subtract.at(later[i], at, nbytes)
+    held = np.cumsum(delta, axis=1)
+    ahead = np.maximum((held[0] - np.cumsum(later, axis=0)).max(axis=0), 0)
+    if not segs:
+        return np.maximum(ahead, held[1].max(axis=0)), None
+    # a segment's backward starts with what the one after it left (before a recompute of it)
+    entry = held[1][starts[1:] + [n]]
+    return ahead, np.maximum(np.maximum.reduceat(held[1] - held[2], starts, axis=0), entry)
+
+
+def _bytes(t: TensorShape, config: CostConfig) -> int:
+    """A tensor's bytes, floats at the planner's activation dtype."""
+    return t.numel * (config.dtype.itemsize if t.dtype.is_float else t.dtype.itemsize)
+
+
+def _output_bytes(n: Node, config: CostConfig, only: Collection[int] | None = None) -> int:
+    """The bytes of a node's output pieces (``only`` those indices)."""
+    return sum(_bytes(o.piece, config) for j, o in enumerate(n.outputs) if only is None or j in only)
+
+
+def _kept_outputs(pcg: PCG, stored: Sequence[bool], saved: Sequence[Saved | None]) -> dict[int, dict[int, int]]:
+    """Per node, the outputs some context keeps for backward, each with the node whose
+    backward frees it (the first in the graph of those keeping it: backward runs them last to
+    first): those its own kernel keeps, those its readers' kernels keep of their inputs
+    (``OpSpec.saved``; a view's, a Reshape's stored nowhere of its own, are its source's), and
+    the graph's outputs, which the loss reads (freed by none: -1). The others are freed after
+    their last reader."""
+    out: dict[int, dict[int, int]] = {}
+    for i, n in pcg:
+        if saved[i] is None:
+            continue
+        refs = [TensorRef(i, j) for j in saved[i].outputs] + [n.inputs[k] for k in saved[i].inputs]
+        for r in refs:
+            while not stored[r.node] and pcg.nodes[r.node].inputs:
+                r = pcg.nodes[r.node].inputs[0]
+            kept = out.setdefault(r.node, {})
+            kept[r.index] = min(kept.get(r.index, i), i)
+    for r in pcg.outputs:
+        out.setdefault(r.node, {})[r.index] = -1
+    return out
 
 
 def memory_account(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
-                   num_devices: int, config: CostConfig) -> dict[str, np.ndarray]:
+                   cluster: ClusterSpec, config: CostConfig) -> dict[str, np.ndarray]:
     """Every byte a device holds, by part (:data:`MEMORY_PARTS`), under ``config``'s step
     shape: :func:`memory_table` at its count of segments recomputed."""
-    return memory_table(pcg, devs, layout, num_devices, config).at(config.training.recompute_segments)
+    return memory_table(pcg, devs, layout, cluster, config).at(config.training.recompute_segments)
 
 
 def memory_per_device(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
-                      num_devices: int, config: CostConfig) -> list[int]:
+                      cluster: ClusterSpec, config: CostConfig) -> list[int]:
     """Bytes per device: the sum of :func:`memory_account`'s parts."""
-    return sum(memory_account(pcg, devs, layout, num_devices, config).values()).tolist()
+    return sum(memory_account(pcg, devs, layout, cluster, config).values()).tolist()

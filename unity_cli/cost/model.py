@@ -378,7 +378,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     upd_events = [Event(StepNode.UPDATE, Phase.UPDATE, Stream.COMPUTE, (int(d),), end, end + float(update[d]))
                   for d in np.flatnonzero(update > 0)]
     busiest_compute += update
-    memory = memory_per_device(pcg, devs, layout, cluster.num_devices, config)
+    memory = memory_per_device(pcg, devs, layout, cluster, config)
     infeasible = None
     caps = device_capacity(cluster, config)
     over = np.flatnonzero(np.asarray(memory, dtype=np.int64) > caps)

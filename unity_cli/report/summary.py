@@ -158,7 +158,7 @@ def memory_breakdown(plan: Plan) -> dict[str, int]:
     ``device``."""
     config = plan_config(plan)
     devs = [plan.views[i].devices(n.outputs[0]) for i, n in plan.pcg]
-    acc = memory_account(plan.pcg, devs, layout_sources(plan.pcg), plan.cluster.num_devices, config)
+    acc = memory_account(plan.pcg, devs, layout_sources(plan.pcg), plan.cluster, config)
     total = sum(acc.values())
     if not len(total) or not total.max():
         return {}

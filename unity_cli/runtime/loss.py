@@ -11,7 +11,6 @@ or Gemm (maybe plus a bias Add), else mse.
 """
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -19,11 +18,7 @@ import numpy as np
 from ..errors import UsageError
 from ..ir.pcg import PCG
 from ..ir.schedule import looks_like_logits
-
-
-class LossKind(Enum):
-    MSE = "mse"
-    CROSS_ENTROPY = "cross_entropy"
+from ..ir.training import LossKind, label_dtype, label_shape  # noqa: F401  (re-exported)
 
 
 def choose_loss(requested: str, labels: np.ndarray | None, pcg: PCG) -> LossKind:
@@ -44,15 +39,6 @@ def choose_loss(requested: str, labels: np.ndarray | None, pcg: PCG) -> LossKind
     if kind is LossKind.CROSS_ENTROPY and (out.rank < 2 or out.sizes[-1] < 2):
         raise UsageError(f"--loss cross_entropy needs class logits [..., classes]; the output is {list(out.sizes)}")
     return kind
-
-
-def label_shape(kind: LossKind, out_dims: tuple[int, ...]) -> tuple[int, ...]:
-    return out_dims[:-1] if kind is LossKind.CROSS_ENTROPY else out_dims
-
-
-def label_dtype(kind: LossKind) -> np.dtype:
-    """Class ids for cross entropy, float32 targets for MSE."""
-    return np.dtype(np.int64) if kind is LossKind.CROSS_ENTROPY else np.dtype(np.float32)
 
 
 def loss_count(kind: LossKind, out_dims: tuple[int, ...]) -> int:

@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any
 
 from ..errors import UsageError
-from ..ir.training import OPTIMIZER_STATES
+from ..ir.training import CPU_CHUNK, GPU_CHUNK, OPTIMIZER_STATES
 
 
 class OptimizerKind(Enum):
@@ -44,15 +44,8 @@ class OptimizerConfig:
         return OptimizerConfig(kind, DEFAULT_LR[kind] if lr is None else lr)
 
 
-GPU_CHUNK = 1 << 22
-"""A GPU's chunk: large enough that an update of a big weight is a few dozen launches of
-each of its passes, and its scratch buffer at most 16 MiB in float32."""
-
-CHUNK = 32768
-"""Elements a numpy update works through at a time: its passes (Adam makes twelve) then
-run over arrays that stay in the core's cache (five of them, 640 KiB), and only the
-update's own reads and writes go to memory. On one core of this machine, Adam over 8 M
-elements took 35.2 ms whole and 22.7 ms in chunks of 32 K (21.8 at 64 K, 24.7 at 256 K)."""
+CHUNK = CPU_CHUNK
+"""Elements a numpy update works through at a time (``ir/training.CPU_CHUNK``)."""
 
 
 class Optimizer:

@@ -251,7 +251,7 @@ def _peak_memory(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> int | No
     (or the memory limit), else None: the same count ``estimate`` makes."""
     views = default_views(pcg)
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
-    memory = memory_per_device(pcg, devs, layout_sources(pcg), cluster.num_devices, config)
+    memory = memory_per_device(pcg, devs, layout_sources(pcg), cluster, config)
     return max(memory) if (np.asarray(memory) > device_capacity(cluster, config)).any() else None
 
 

@@ -51,6 +51,7 @@ from typing import assert_never
 import numpy as np
 
 from ..cluster.spec import ClusterSpec
+from ..cost.memory import outputs_held, step_bytes
 from ..cost.model import (
     CostConfig,
     CostContext,
@@ -58,7 +59,6 @@ from ..cost.model import (
     cost_of_phases,
     device_capacity,
     estimate,
-    memory_per_device,
     price_table,
     update_seconds,
 )
@@ -147,6 +147,7 @@ class Problem:
     capacity: float
     node_sync: dict[int, tuple[float, ...]] | None = None   # per option: the part of node_cost that is weight sync
     edge_memory: tuple[np.ndarray, ...] | None = None   # per edge, bytes per device of its resharding (None: 0)
+    fixed: float = 0.0      # bytes per device whatever the assignment (:func:`step_bytes`)
 
     def edge_memories(self) -> list[np.ndarray]:
         """Each edge's memory table, zeros where none was given."""
@@ -171,7 +172,7 @@ class Problem:
 
     def memory(self, choice: dict[int, int]) -> float:
         """Bytes per device of one assignment: its operators' and its edges' resharding."""
-        total = sum(self.node_memory[i][choice[i]] for i in self.nodes)
+        total = self.fixed + sum(self.node_memory[i][choice[i]] for i in self.nodes)
         return total + sum(float(m[choice[u], choice[v]])
                            for (u, v, _), m in zip(self.edges, self.edge_memories(), strict=True))
 
@@ -323,8 +324,8 @@ class _Pricer:
                                       self.config.profile)) for i in range(first, len(pcg)))
         if kind is not Tensor.ACTIVATION:
             return ctx, views, parts, 0.0       # a weight's pieces are counted with the operator that reads them
-        devs = [views[i].devices(n.outputs[0]) if i >= first else () for i, n in pcg]   # the resharding's only
-        held = float(max(memory_per_device(pcg, devs, ctx.layout, self.cluster.num_devices, self.config)))
+        devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
+        held = float(outputs_held(pcg, devs, range(first, len(pcg)), self.config, self.cluster.num_devices).max())
         return ctx, views, parts, held
 
 
@@ -406,11 +407,12 @@ class Tables:
                         t += moved + update_seconds(updated, device, config, synced=moved > 0)
                         sync += moved
                         mem += per_param.per_device(numel, want.copy_degree, zero)
-                    case Tensor.CONSTANT:
+                        if micro > 1 and want.copy_degree == 1:     # accumulated beside backward's
+                            mem += per_param.grad * numel
+                    case Tensor.CONSTANT:       # (held whole: :func:`step_bytes`)
                         t += pricer.move(pcg.shape(r), want, kind)
-                        mem += want.piece.numel * 4
                     case Tensor.INPUT:
-                        mem += want.piece.numel * want.dtype.itemsize   # inputs are cut where read
+                        pass
                     case Tensor.ACTIVATION:
                         pass                                             # priced on its edge
                     case _:
@@ -483,7 +485,7 @@ def build_problem(pcg: PCG, cluster: ClusterSpec, config: CostConfig, mesh: Mesh
             edge_memory.append(held)
     capacity = float(device_capacity(cluster, config).min())
     return Problem(pcg, mesh.devices, nodes, options, node_cost, node_memory, tuple(edges), capacity,
-                   node_sync, tuple(edge_memory))
+                   node_sync, tuple(edge_memory), step_bytes(pcg, cluster, config))
 
 
 def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
@@ -527,7 +529,7 @@ def prune_dominated(p: Problem) -> tuple[Problem, dict[int, tuple[int, ...]]]:
                 {i: tuple(p.node_cost[i][j] for j in keep[i]) for i in p.nodes},
                 {i: tuple(p.node_memory[i][j] for j in keep[i]) for i in p.nodes},
                 tuple((u, v, t) for (u, v, _), t in zip(p.edges, tables, strict=True)), p.capacity,
-                edge_memory=tuple(held))
+                edge_memory=tuple(held), fixed=p.fixed)
     return q, {i: tuple(int(j) for j in keep[i]) for i in p.nodes}
 
 
@@ -547,7 +549,8 @@ def solve_problem(p: Problem) -> dict[int, int] | None:
     :data:`MILP_FEASIBLE_VARIABLES` goes to the integer program to find one. A graph too
     entangled to eliminate goes to the integer program."""
     q, kept = prune_dominated(p)
-    least = sum(min(q.node_memory[i]) for i in q.nodes) + sum(float(m.min()) for m in q.edge_memories() if m.size)
+    least = q.fixed + sum(min(q.node_memory[i]) for i in q.nodes) + \
+        sum(float(m.min()) for m in q.edge_memories() if m.size)
     if least > q.capacity:
         return None     # even each operator's and edge's leanest choice does not fit: nothing can (memory adds up)
     sizes = {i: len(q.options[i]) for i in q.nodes}
@@ -647,7 +650,7 @@ def _solve_milp(p: Problem) -> dict[int, int] | None:
         constraint([(index[(i, k)], 1.0) for k in range(len(p.options[i]))], 1.0, 1.0)
     memory_row = len(lo)
     constraint([(index[(i, k)], p.node_memory[i][k]) for i in p.nodes for k in range(len(p.options[i]))],
-               -np.inf, p.capacity)
+               -np.inf, p.capacity - p.fixed)
     integrality = [1] * len(index)
     upper_y: list[float] = []
     for (u, v, table), held in zip(p.edges, p.edge_memories(), strict=True):

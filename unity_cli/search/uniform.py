@@ -108,6 +108,7 @@ class _Layout:
     end: int = 0
     period: int = 0
     dropped: int = 0        # the blocks the whole graph has beyond KEPT[0]
+    micro_batches: int = 1
 
     @property
     def folded(self) -> bool:
@@ -153,13 +154,14 @@ class _Uniforms:
 
     def _laid(self, k: int, tp: int, dp: int) -> _Layout:
         if not self.folds(k):
-            return _Layout(hybrid(self.graph_for(k), tp, dp))
+            return _Layout(hybrid(self.graph_for(k), tp, dp), micro_batches=k)
         found = self._blocks[k]
         short, deeper = (hybrid(self._short(k, keep), tp, dp) for keep in KEPT)
         a, c = (blocks(b.pcg, least=keep - 1).run for b, keep in ((short, KEPT[0]), (deeper, KEPT[1])))
         if a is None or c is None or (a.start, a.period, a.end + a.period) != (c.start, c.period, c.end):
-            return _Layout(hybrid(self.graph_for(k), tp, dp))   # the hybrid's blocks are not alike: price it whole
-        return _Layout(short, deeper, a.start, a.end, a.period, found.run.count - KEPT[0])
+            # the hybrid's blocks are not alike: price it whole
+            return _Layout(hybrid(self.graph_for(k), tp, dp), micro_batches=k)
+        return _Layout(short, deeper, a.start, a.end, a.period, found.run.count - KEPT[0], k)
 
     def folds(self, k: int) -> bool:
         """Whether the graph at ``k`` micro-batches is laid out shortened (a run of more than
@@ -187,8 +189,8 @@ class _Uniforms:
                 self._graph[id(lay)] = ([views[i].devices(n.outputs[0]) for i, n in pcg], layout,
                                         segments(pcg, layout), needs_grad(pcg, pcg.outputs[0]))
             devs, layout, segs, grads = self._graph[id(lay)]
-            table: MemoryTable = memory_table(pcg, devs, layout, self.cluster.num_devices,
-                                              self.shaped(Training(z, 1, r, 0)), segs, grads)
+            table: MemoryTable = memory_table(pcg, devs, layout, self.cluster,
+                                              self.shaped(Training(z, lay.micro_batches, r, 0)), segs, grads)
             if lay.folded:
                 table = table.repeated(lay.end, lay.period, lay.dropped)
             self._totals[key] = table.totals()
