@@ -14,7 +14,7 @@ from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import OpKind, Saved
 from ..ir.pcg import PCG, Node, TensorRef
-from ..ir.recompute import recomputed, segments
+from ..ir.recompute import Recompute, recomputed, segments
 from ..ir.schedule import layout_sources, looks_like_logits, needs_grad, stored_layout
 from ..ir.shapes import TensorShape
 from ..ir.training import CPU_CHUNK, GPU_CHUNK, LossKind, label_dtype, label_shape, shard_elements
@@ -84,6 +84,9 @@ class MemoryTable:
     """[segment, device]: the most bytes of gradients made and not yet used while backward
     runs the segment (and the unsynced weights' gradients made by then)."""
     scratch: Scratch | None = None
+    beside: bool = False
+    """Whether ZeRO-3's gathers are in flight beside a recompute's workspace (selective: the
+    products it keeps read their weights again in backward), or in it (full)."""
 
     @property
     def held(self) -> np.ndarray:
@@ -123,8 +126,9 @@ class MemoryTable:
             if self.behind is not None:
                 moment[PART["gradients"]] += self.behind[s]
             ws = self.workspace[s] if s < limit else 0      # a recompute's gathers are in it, or
-            moment[PART["recompute workspace"]] += np.where(ws >= transient, ws, 0)
-            moment[PART["communication buffers"]] += np.where(ws >= transient, 0, transient)
+            both = self.beside and s < limit
+            moment[PART["recompute workspace"]] += np.where(both | (ws >= transient), ws, 0)
+            moment[PART["communication buffers"]] += np.where(both | (ws < transient), transient, 0)
             busier = moment.sum(axis=0) > best.sum(axis=0)
             best[:, busier] = moment[:, busier]
         return {p: best[k] for k, p in enumerate(MEMORY_PARTS)}
@@ -149,7 +153,8 @@ class MemoryTable:
         # backward running segment s < L (recomputed): the activations after it, (again_act[L-1]
         # - again_act[s]) + (kept_act[-1] - kept_act[L-1]), freed
         recomputing = base - again_act - (kept_act[-1] - kept_act) + \
-            np.maximum.accumulate(again_act + behind + np.maximum(self.workspace, transient), axis=0)
+            np.maximum.accumulate(again_act + behind + (self.workspace + transient if self.beside else
+                                                        np.maximum(self.workspace, transient)), axis=0)
         # running segment s >= L (kept): kept_act[-1] - kept_act[s] freed
         tail = np.maximum.accumulate((kept_act + behind)[::-1], axis=0)[::-1]      # its best s >= L-1 ...
         keeping = np.full_like(base, np.iinfo(np.int64).min // 2)
@@ -179,7 +184,8 @@ class MemoryTable:
                 joint.append((first, last + times * period, held))
         scratch = self.scratch if self.scratch is None else replace(self.scratch, flat=grown(self.scratch.flat))
         return MemoryTable(self.fixed, grown(self.kept), grown(self.again), grown(self.workspace), tuple(joint),
-                           self.transient, self.ahead, None if self.behind is None else grown(self.behind), scratch)
+                           self.transient, self.ahead, None if self.behind is None else grown(self.behind), scratch,
+                           self.beside)
 
 
 def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None],
@@ -339,7 +345,8 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     fixed[PART["inputs and constants"]] += target_bytes(pcg, config)
     ahead, behind = _in_flight(pcg, devs, layout, stored, keeps, own, grads, synced, segs, num_devices, config)
     return MemoryTable(fixed, kept, again, workspace, tuple(joint), first + second if zero >= 3 else None,
-                       ahead, behind, Scratch(largest, flat[0], flat[1:], update_chunks(cluster)))
+                       ahead, behind, Scratch(largest, flat[0], flat[1:], update_chunks(cluster)),
+                       config.training.recompute is Recompute.SELECTIVE)
 
 
 def target_bytes(pcg: PCG, config: CostConfig) -> int:
