@@ -144,9 +144,9 @@ class WeightBytes:
         alike, by part: weights (from ZeRO-3 on, this replica's shard), gradients (from
         ZeRO-2 on, its shard), optimizer (master and states: from ZeRO-1 on, its shard), and
         the gradient sync's communication buffers: under ZeRO-1 the summed shard the gradient
-        is reduce-scattered into. Under ZeRO a shard is padded (:func:`shard_elements`), and the
-        flat buffers of the whole weights and gradients with it, as the runtime pads them. (Below ZeRO-2 backward makes the gradient in the sync's flat
-        buffer itself, ``runtime/weights.ParamStore.seeds``, where one piece is the weight's
+        is reduce-scattered into. Under ZeRO a shard is padded (:func:`shard_elements`), and
+        the flat buffers of the whole weights and gradients with it, as the runtime pads
+        them. (Below ZeRO-2 backward makes the gradient in the sync's flat buffer itself, ``runtime/weights.ParamStore.seeds``, where one piece is the weight's
         whole region on the device: data and tensor parallelism.)"""
         weight, grad, opt = self.weight * numel, self.grad * numel, (self.master + self.states) * numel
         buffers = 0
