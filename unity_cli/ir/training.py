@@ -146,8 +146,9 @@ class WeightBytes:
         the gradient sync's communication buffers: under ZeRO-1 the summed shard the gradient
         is reduce-scattered into. Under ZeRO a shard is padded (:func:`shard_elements`), and
         the flat buffers of the whole weights and gradients with it, as the runtime pads
-        them. (Below ZeRO-2 backward makes the gradient in the sync's flat buffer itself, ``runtime/weights.ParamStore.seeds``, where one piece is the weight's
-        whole region on the device: data and tensor parallelism.)"""
+        them. (Below ZeRO-2 backward makes the gradient in the sync's flat buffer itself,
+        ``runtime/weights.ParamStore.seeds``, where one piece is the weight's whole region on
+        the device: data and tensor parallelism.)"""
         weight, grad, opt = self.weight * numel, self.grad * numel, (self.master + self.states) * numel
         buffers = 0
         shard = shard_elements(numel, replicas)     # padded, as a flat buffer is (at most as much)
