@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -13,7 +13,7 @@ from ..cluster.spec import DeviceKind
 from ..ir.ops.shape_ops import ReshapeAttrs
 from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import OpKind, Saved
-from ..ir.pcg import PCG, Node, TensorRef
+from ..ir.pcg import PCG, TensorRef
 from ..ir.recompute import Recompute, recomputed, segments
 from ..ir.schedule import layout_sources, looks_like_logits, needs_grad, stored_layout
 from ..ir.shapes import TensorShape
@@ -203,8 +203,8 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     backward recomputes a segment, its nodes' outputs and contexts are alive again: the
     largest segment's is the workspace. ``segs`` and ``grads``: the graph's segments and the
     tensors whose gradient flows, where already made."""
-    # a view (a Reshape) is counted as a tensor of its own, as the runtime's ledger counts it
-    stored = [held or layout[i] is None for i, held in enumerate(stored_nodes(pcg, layout))]
+    facts = _facts(pcg, layout)
+    stored, saved, keeps, synced, scaled = facts.stored, facts.saved, facts.keeps, facts.synced, facts.scaled
     num_devices = cluster.num_devices
     per_param, zero = config.weight_bytes, config.training.zero
     segs = segments(pcg, layout) if segs is None else segs
@@ -236,17 +236,9 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             np.add.at(kept[s, PART[part]], at, nbytes)
             np.add.at(again[s, PART[part]], at, nbytes)
 
-    saved = [n.spec.saved(n.op, [pcg.shape(r).piece for r in n.inputs], [o.piece for o in n.outputs])
-             if layout[i] is None and not n.spec.is_parallel_op else None for i, n in pcg]
-    keeps = _kept_outputs(pcg, stored, saved)
-    synced = _synced(pcg, layout, stored)
+    outputs = set(pcg.outputs)
     own: dict[int, list[tuple[int, int, np.ndarray]]] = {}   # a node's kept bytes, the node freeing
-    # them and their devices, where
-    # its segment keeps them whether it recomputes or not
-    scaled = [False] * len(pcg)     # a layout of a source that a Reduction of replicas scales
-    for i, n in pcg:
-        if layout[i] is not None and i != layout[i]:
-            scaled[i] = n.kind == OpKind.Reduction or scaled[n.inputs[0].node]
+    # them and their devices, where its segment keeps them whether it recomputes or not
     for i, n in pcg:
         if n.spec.is_source and not (isinstance(n.op, WeightAttrs) and n.op.trainable):
             # every rank holds an input (a micro-batch's) or constant whole, and cuts views of it
@@ -298,12 +290,18 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
             if scaled[i]:       # a piece of an input or constant that is no view of it: a copy
                 both(home.get(i), "inputs and constants", at, shape.piece.numel * shape.dtype.itemsize)
             continue
-        out = _output_bytes(n, config)
+        each = [_bytes(o.piece, config) for o in n.outputs]
+
+        def of(js: Iterable[int], each: list[int] = each) -> int:
+            return sum(each[j] for j in js)
+
+        out = sum(each)
         extra = saved[i].extra_bytes(config.dtype.itemsize) if saved[i] is not None else 0
-        final = {r.index for r in pcg.outputs if r.node == i}      # the loss's input: held to the end
-        np.add.at(fixed[PART["activations"]], at, _output_bytes(n, config, final))
+        final = {r.index for r in outputs if r.node == i}          # the loss's input: held to the end
+        if final:
+            np.add.at(fixed[PART["activations"]], at, of(final))
         mine = keeps.get(i, {})
-        held = _output_bytes(n, config, mine.keys() - final)
+        held = of(mine.keys() - final)
         s = seg_of[i]
         # an input its kernel keeps that another device made: the buffer it was received in
         received = []
@@ -318,9 +316,10 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         if i not in again_of:
             reread = {pcg.nodes[u].inputs[k].index for u, k in pcg.consumers[i] if u in again_of} - final
             np.add.at(kept[s, PART["activations"]], at, held + extra)
-            np.add.at(again[s, PART["activations"]], at, _output_bytes(n, config, mine.keys() - final - reread) + extra)
-            np.add.at(again[s, redo], at, _output_bytes(n, config, reread))
-            own[i] = [(extra, i, at)] + [(_output_bytes(n, config, {j}), free, at) for j, free in mine.items()
+            np.add.at(again[s, PART["activations"]], at, of(mine.keys() - final - reread) + extra)
+            if reread:
+                np.add.at(again[s, redo], at, of(reread))
+            own[i] = [(extra, i, at)] + [(each[j], free, at) for j, free in mine.items()
                                          if j not in final and j not in reread]
             for away, nbytes in received:
                 np.add.at(kept[s, PART["activations"]], away, nbytes)
@@ -436,23 +435,20 @@ def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int |
     of the gradients less the contexts of its operators already run then. Without segments,
     the forward's and backward's most together as the first."""
     n = len(pcg)
-    delta = np.zeros((3, n + 2, num_devices), dtype=np.int64)     # positions 0 .. n (the loss)
+    cols = _Columns(num_devices)
+    changes: list[tuple[int, int, int, int]] = []      # (row, position, column, bytes): rows are
+    # forward's values, backward's gradients, the contexts backward has freed, those forward has not made
     grad_bytes = config.weight_bytes.grad
-    # a parallel op's readers read its source's gradient (a region of it, or what the op's
-    # backward sends): the source's is alive until the last of them has run backward
-    until = list(range(n))
-    for i in range(n - 1, -1, -1):
-        for u, _ in pcg.consumers[i]:
-            until[i] = max(until[i], until[u] if pcg.nodes[u].spec.is_parallel_op and layout[u] is None else u)
+    until = _until(pcg, layout)
 
-    def alive(k: int, lo: int, hi: int, at: np.ndarray, nbytes: int) -> None:
-        np.add.at(delta[k, lo], at, nbytes)
-        np.subtract.at(delta[k, hi + 1], at, nbytes)
+    def alive(k: int, lo: int, hi: int, at: np.ndarray | int, nbytes: int) -> None:
+        c = at if isinstance(at, int) else cols.of(at)
+        changes.extend(((k, lo, c, nbytes), (k, hi + 1, c, -nbytes)))
 
     for i, node in pcg:
         readers = [u for u, _ in pcg.consumers[i]]
         last = max(readers, default=i)
-        at = device_array(devs[i])
+        at = cols.of_devices(devs[i])
         if layout[i] is not None:
             shape = node.outputs[0]
             if not (stored[i] and readers and _trainable(pcg, layout, i)):
@@ -477,30 +473,103 @@ def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int |
                     alive(1, i + 1, max(until[i], i), at, nbytes)
     starts = [0] + [min(seg) for seg in segs[1:]]
     first = np.searchsorted(starts, np.arange(n), side="right") - 1     # each position's segment's start
-    later = np.zeros((n + 2, num_devices), dtype=np.int64)     # forward: the contexts not made yet
     for i, entries in own.items():
         for nbytes, free, at in entries:
             if free >= starts[first[i]]:
                 alive(2, starts[first[i]], free, at, nbytes)
-            np.add.at(later[0], at, nbytes)
-            np.subtract.at(later[i], at, nbytes)
-    held = np.cumsum(delta, axis=1)
-    ahead = np.maximum((held[0] - np.cumsum(later, axis=0)).max(axis=0), 0)
+            alive(3, 0, i - 1, at, nbytes)
+    # per column (the distinct device arrays), then per class of devices alike in every column
+    delta = np.zeros((4, n + 2, max(len(cols.rows), 1)), dtype=np.int64)
+    if changes:
+        k, pos, c, v = (np.array(x, dtype=np.int64) for x in zip(*changes))
+        np.add.at(delta, (k, pos, c), v)
+    counts, cls = cols.classes()
+    held = np.cumsum(delta, axis=1) @ counts                # [row, position, class]
+    ahead = np.maximum((held[0] - held[3]).max(axis=0), 0)[cls]
     if not segs:
-        return np.maximum(ahead, held[1].max(axis=0)), None
+        return np.maximum(ahead, held[1].max(axis=0)[cls]), None
     # a segment's backward starts with what the one after it left (before a recompute of it)
     entry = held[1][starts[1:] + [n]]
-    return ahead, np.maximum(np.maximum.reduceat(held[1] - held[2], starts, axis=0), entry)
+    return ahead, np.maximum(np.maximum.reduceat(held[1] - held[2], starts, axis=0), entry)[:, cls]
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the account reads of a graph under one layout, whatever the step's shape."""
+
+    stored: list[bool]              # a buffer of its own (a view, a Reshape, counted as the ledger does)
+    saved: list[Saved | None]       # what each kernel keeps (``OpSpec.saved``)
+    keeps: dict[int, dict[int, int]]
+    synced: dict[int, bool]
+    scaled: list[bool]              # a layout of a source that a Reduction of replicas scales
+
+
+def _facts(pcg: PCG, layout: Sequence[int | None]) -> _Facts:
+    """:class:`_Facts`, kept with the graph (it is immutable) per layout."""
+    memo = pcg.__dict__.setdefault("_memory_facts", {})
+    key = tuple(layout)
+    if key not in memo:
+        stored = [held or layout[i] is None for i, held in enumerate(stored_nodes(pcg, layout))]
+        saved = [n.spec.saved(n.op, [pcg.shape(r).piece for r in n.inputs], [o.piece for o in n.outputs])
+                 if layout[i] is None and not n.spec.is_parallel_op else None for i, n in pcg]
+        scaled = [False] * len(pcg)
+        for i, n in pcg:
+            if layout[i] is not None and i != layout[i]:
+                scaled[i] = n.kind == OpKind.Reduction or scaled[n.inputs[0].node]
+        memo[key] = _Facts(stored, saved, _kept_outputs(pcg, stored, saved), _synced(pcg, layout, stored), scaled)
+    return memo[key]
+
+
+def _until(pcg: PCG, layout: Sequence[int | None]) -> list[int]:
+    """Per node, the last node whose backward reads its gradient: a parallel op's readers read
+    its source's (a region of it, or what the op's backward sends), so the source's is alive
+    until the last of them has run backward. Kept with the graph, per layout."""
+    memo = pcg.__dict__.setdefault("_until", {})
+    key = tuple(layout)
+    if key not in memo:
+        until = list(range(len(pcg)))
+        for i in range(len(pcg) - 1, -1, -1):
+            for u, _ in pcg.consumers[i]:
+                until[i] = max(until[i], until[u] if pcg.nodes[u].spec.is_parallel_op and layout[u] is None else u)
+        memo[key] = until
+    return memo[key]
+
+
+class _Columns:
+    """Device index arrays as columns, each distinct one once: per-device sums over a step's
+    positions are made per column, then per class of devices that every column counts alike
+    (a few, where a cluster has hundreds of devices)."""
+
+    def __init__(self, num_devices: int):
+        self.num_devices = num_devices
+        self.index: dict[bytes, int] = {}
+        self.rows: list[np.ndarray] = []
+        self.by_id: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def of_devices(self, devices: tuple[int, ...]) -> int:
+        key = id(devices)
+        if key not in self.by_id:
+            self.by_id[key] = (devices, self.of(device_array(devices)))   # (kept alive: ids stay unique)
+        return self.by_id[key][1]
+
+    def of(self, at: np.ndarray) -> int:
+        key = at.tobytes()
+        if key not in self.index:
+            self.index[key] = len(self.rows)
+            self.rows.append(np.bincount(at, minlength=self.num_devices))
+        return self.index[key]
+
+    def classes(self) -> tuple[np.ndarray, np.ndarray]:
+        """``[column, class]`` counts and each device's class."""
+        if not self.rows:
+            return np.zeros((1, 1), dtype=np.int64), np.zeros(self.num_devices, dtype=np.intp)
+        unique, cls = np.unique(np.stack(self.rows), axis=1, return_inverse=True)
+        return unique.astype(np.int64), cls.reshape(-1)
 
 
 def _bytes(t: TensorShape, config: CostConfig) -> int:
     """A tensor's bytes, floats at the planner's activation dtype."""
     return t.numel * (config.dtype.itemsize if t.dtype.is_float else t.dtype.itemsize)
-
-
-def _output_bytes(n: Node, config: CostConfig, only: Collection[int] | None = None) -> int:
-    """The bytes of a node's output pieces (``only`` those indices)."""
-    return sum(_bytes(o.piece, config) for j, o in enumerate(n.outputs) if only is None or j in only)
 
 
 def _kept_outputs(pcg: PCG, stored: Sequence[bool], saved: Sequence[Saved | None]) -> dict[int, dict[int, int]]:
