@@ -18,8 +18,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from unity_cli import zoo
 from unity_cli.cli import cli
-from unity_cli.ir.schedule import looks_like_logits
-from unity_cli.plan.plan import load_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = REPO / "cluster_specs"
@@ -109,7 +107,7 @@ def run_json(plan: Path | str, *args: str, ranks: int = 2, **kw) -> dict:
     memory = doc["memory_bytes"]           # every run holds the bytes its plan predicts (runtime/ledger.py)
     assert memory["parts"]["measured"] == memory["parts"]["predicted"], memory
     assert memory["measured"] == memory["predicted"]
-    planned_memory_holds(plan, doc)
+    planned_memory_holds(doc)
     return doc
 
 
@@ -117,15 +115,12 @@ PLANNED_OVER = 1.25
 """How far over what a rank holds the planner's account (``cost/memory.py``) may count."""
 
 
-def planned_memory_holds(plan: Path | str, doc: dict) -> None:
+def planned_memory_holds(doc: dict) -> None:
     """Where the run trains as the plan was priced (its optimizer, and the loss the planner
     took), the bytes the planner counted on each device, which decided that the plan fits,
     are never fewer than the rank held at its peak, and at most :data:`PLANNED_OVER` times them."""
-    memory, loaded = doc["memory_bytes"], load_plan(plan)
-    assumed = loaded.config.get("loss", "auto")
-    if assumed == "auto":
-        assumed = "cross_entropy" if looks_like_logits(loaded.pcg) else "mse"
-    if doc["optimizer"] != memory["plan_optimizer"] or doc["loss_kind"] != assumed:
+    memory = doc["memory_bytes"]
+    if doc["optimizer"] != memory["plan_optimizer"] or doc["loss_kind"] != memory["plan_loss"]:
         return
     for rank, (held, planned) in enumerate(zip(memory["measured"], memory["plan"], strict=True)):
         assert held <= planned <= PLANNED_OVER * held, (rank, planned, held, planned / held)

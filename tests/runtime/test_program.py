@@ -10,11 +10,12 @@ from unity_cli.ir.ops.linear import MatMulAttrs
 from unity_cli.ir.ops.parallel import ReductionAttrs, RepartitionAttrs, ReplicateAttrs
 from unity_cli.ir.ops.sources import InputAttrs, WeightAttrs
 from unity_cli.ir.pcg import GraphBuilder
+from unity_cli.ir.schedule import looks_like_logits
 from unity_cli.ir.shapes import TensorShape
 from unity_cli.onnx_import import import_model
 from unity_cli.plan.plan import load_plan
 from unity_cli.runtime.data import Data, gather_tables
-from unity_cli.runtime.loss import LossKind, choose_loss, looks_like_logits
+from unity_cli.runtime.loss import LossKind, choose_loss
 from unity_cli.runtime.program import LOCAL, CollectiveKind, StepKind, build_program
 from unity_cli.runtime.threads import share_cores
 

@@ -50,6 +50,7 @@ from .opspec import OpKind
 from .pcg import PCG, TensorRef
 from .pieces import Coord, coords, piece_region, task_inputs, with_axis
 from .shapes import ParallelTensorShape
+from .training import LossKind
 
 LOCAL = -1
 """A read's source for data and constants: every rank makes the piece it reads itself."""
@@ -246,6 +247,14 @@ def _needs_grad(pcg: PCG, out: TensorRef) -> frozenset[TensorRef]:
         if any(TensorRef(i, k) in has for k in range(len(n.outputs))):
             has.update(r for r in n.inputs if r in requires)
     return frozenset(has)
+
+
+def planned_loss(pcg: PCG, requested: str) -> LossKind:
+    """The loss a plan is priced for (its targets' bytes): ``requested`` (a plan's ``--loss``),
+    or for ``auto`` the one ``unity run`` takes with synthetic data (:func:`looks_like_logits`)."""
+    if requested == "auto":
+        return LossKind.CROSS_ENTROPY if looks_like_logits(pcg) else LossKind.MSE
+    return LossKind(requested)
 
 
 def looks_like_logits(pcg: PCG) -> bool:

@@ -74,6 +74,8 @@ def config_json(config: CostConfig, sync_bucket: int = 0, training: Training | N
     written only where not the default)."""
     cfg = {"dtype": config.dtype.value, "optimizer": config.optimizer.value}
     cfg.update((training or config.training).to_json())
+    if config.loss != "auto":      # the loss its targets were priced for (ir/schedule.planned_loss)
+        cfg["loss"] = config.loss
     if config.memory_limit is not None:
         cfg["memory_limit_bytes"] = config.memory_limit
     if sync_bucket:

@@ -16,7 +16,7 @@ def plan_config(plan: Plan, profile: Profile | None = None) -> CostConfig:
     if profile is None:
         profile = plan_profile(plan)[0]
     return CostConfig(DType(c["dtype"]), Optimizer(c["optimizer"]), c.get("memory_limit_bytes"), profile,
-                      sync_bucket=plan.sync_bucket_bytes, training=plan.training)
+                      c.get("loss", "auto"), sync_bucket=plan.sync_bucket_bytes, training=plan.training)
 
 
 def plan_profile(plan: Plan) -> tuple[Profile | None, str | None]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..ir.pcg import PCG
-from ..ir.schedule import looks_like_logits
+from ..ir.schedule import planned_loss
 from ..ir.training import LossKind, label_dtype, label_shape  # noqa: F401  (re-exported)
 
 
@@ -33,7 +33,7 @@ def choose_loss(requested: str, labels: np.ndarray | None, pcg: PCG) -> LossKind
     elif labels is not None:
         kind = LossKind.CROSS_ENTROPY if labels.dtype.kind in "iu" else LossKind.MSE
     else:
-        kind = LossKind.CROSS_ENTROPY if looks_like_logits(pcg) else LossKind.MSE
+        kind = planned_loss(pcg, "auto")
     if not out.dtype.is_float:
         raise UsageError(f"the model's output is {out.dtype.value}; a loss needs a float output")
     if kind is LossKind.CROSS_ENTROPY and (out.rank < 2 or out.sizes[-1] < 2):

@@ -25,6 +25,7 @@ from .. import kernels
 from ..cluster.units import format_bytes
 from ..errors import PlanError, RunError, UnityError, UsageError
 from ..files import check_output
+from ..ir.schedule import planned_loss
 from ..plan.plan import Plan, load_plan
 from .check import CheckResult, Reference
 from .comm import Comm, mpi
@@ -469,7 +470,8 @@ def _train(opts: RunOptions, job: _Job) -> RunOutcome:
               "parts": {"measured": [parts for _, parts in held], "predicted": [parts for _, parts in planned]},
               # the planner's account, which decided what fits (cost/memory.py; for the plan's optimizer)
               "plan": list(job.plan.predicted.get("memory_bytes", [])),
-              "plan_optimizer": job.plan.config.get("optimizer", "adam")}
+              "plan_optimizer": job.plan.config.get("optimizer", "adam"),
+              "plan_loss": planned_loss(job.plan.pcg, job.plan.config.get("loss", "auto")).value}
     step_ms = [max(t[s] for t in all_times) * 1e3 for s in range(opts.steps)]
     final = unfold(job.params.gather(0), job.plan.pcg) if opts.save else {}
     failure = None
