@@ -430,7 +430,9 @@ def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, 
     splits even and scales their bytes: on random layouts (dims split, partial sums,
     replicas; activations and weights), with the spec's links or a profile's (fits of the
     collectives, call overheads), the time and the memory equal the cost model's pricing
-    of the whole-size graph, and the scaling did happen (the unit is smaller)."""
+    of the whole-size graph, and the scaling did happen (the unit is smaller). The last
+    dim is never split: the unit leaves it out, as it does every dim past the first that
+    neither layout splits."""
     from unity_cli.ir.shapes import ParallelTensorShape
     from unity_cli.search.solver import Tensor, _Pricer, unit_layouts
 
@@ -438,7 +440,7 @@ def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, 
     config = CostConfig(profile=_profile(per_node)) if profiled else CostConfig()
     n = cl.num_devices
     rng = np.random.default_rng(nodes * 10 + per_node)
-    sizes = (48, 36, 10)
+    sizes = (48, 36, 10, 5)
 
     def layout():
         while True:
@@ -453,7 +455,7 @@ def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, 
         source, target = layout(), layout()
         kind = Tensor.ACTIVATION if rng.random() < 0.7 else Tensor.WEIGHT
         if kind is Tensor.WEIGHT:
-            source = ParallelTensorShape.of(sizes, (1, 1, 1))
+            source = ParallelTensorShape.of(sizes, (1, 1, 1, 1))
             target = target.with_replicas(sum_degree=1, copy_degree=target.sum_degree * target.copy_degree)
         grad = bool(rng.random() < 0.8)
         got = _Pricer(cl, config).priced(source, target, kind, grad)

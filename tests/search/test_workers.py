@@ -10,6 +10,7 @@ import pytest
 from ir.test_blocks import deep
 
 from unity_cli.cluster import load_cluster
+from unity_cli.cost import model as cost_model
 from unity_cli.cost.model import CostConfig, Optimizer
 from unity_cli.errors import ShapeError
 from unity_cli.ir import DType
@@ -75,12 +76,15 @@ def _same_solution(a, b) -> None:
 @pytest.mark.parametrize("family,cluster", [("llama", "local-cpu:4"), ("gpt", "summit-192:12")])
 def test_the_meshes_solved_side_by_side_are_the_serial_solution(tmp_path, monkeypatch, family, cluster):
     pcg, c = deep(tmp_path, family, 2, 4), load_cluster(cluster)
-    serial_tables = Tables(c, replace(CONFIG, memory_limit=10**12))       # a config of its own: cold tables
-    serial = solve(pcg, c, serial_tables.config, tables=serial_tables)
+    config = replace(CONFIG, memory_limit=10**12)
+    cost_model._tables.cache_clear()        # cold tables (they are shared by every solve of a config)
+    serial_tables = Tables(c, config)
+    serial = solve(pcg, c, config, tables=serial_tables)
     monkeypatch.setattr(workers, "PARALLEL_DEVICES", 2)
-    tables = Tables(c, replace(CONFIG, memory_limit=10**12 + 1))
-    assert not tables.edges
-    got = solve(pcg, c, tables.config, tables=tables)
+    cost_model._tables.cache_clear()
+    tables = Tables(c, config)
+    assert not tables.edges and tables.edges is not serial_tables.edges
+    got = solve(pcg, c, config, tables=tables)
     _same_solution(serial, got)
     # what the workers priced came back: the run's tables hold what the serial run's do
     for mine, theirs in zip(tables._shared(), serial_tables._shared(), strict=True):

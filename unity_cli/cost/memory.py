@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -15,9 +16,9 @@ from ..ir.ops.sources import WeightAttrs
 from ..ir.opspec import OpKind, Saved
 from ..ir.pcg import PCG, TensorRef
 from ..ir.recompute import Recompute, recomputed, segments
-from ..ir.schedule import looks_like_logits, needs_grad, stored_layout
+from ..ir.schedule import needs_grad, planned_loss, stored_layout
 from ..ir.shapes import TensorShape
-from ..ir.training import CPU_CHUNK, GPU_CHUNK, LossKind, label_dtype, label_shape, shard_elements
+from ..ir.training import CPU_CHUNK, GPU_CHUNK, label_dtype, label_shape, shard_elements
 from .moves import device_array
 
 if TYPE_CHECKING:
@@ -217,10 +218,9 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         at = [seg_of[u] if u in seg_of else home[u] for u, _ in pcg.consumers[i] if u in seg_of or u in home]
         if at and i not in seg_of:
             home[i] = min(at)
-    fixed = np.zeros((len(MEMORY_PARTS), num_devices), dtype=np.int64)
-    kept = np.zeros((len(segs), len(MEMORY_PARTS), num_devices), dtype=np.int64)
-    again = np.zeros_like(kept)
-    workspace = np.zeros((len(segs), num_devices), dtype=np.int64)
+    cols = _Columns(num_devices)
+    sums = _Sums(len(segs), num_devices)       # fixed, kept, again, workspace: bytes per column of devices
+    fixed, kept, again, workspace = sums.fixed, sums.kept, sums.again, sums.workspace
     joint = []
     first = np.zeros(num_devices, dtype=np.int64)      # ZeRO-3: the largest gathered copy alive
     second = np.zeros(num_devices, dtype=np.int64)     # for one pass, and the next largest
@@ -229,33 +229,35 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     flat = np.zeros((len(segs) + 1, num_devices), dtype=np.int64)      # ZeRO-1's flat shards: what no
     # segment reads, then per segment
 
-    def both(s: int | None, part: str, at: np.ndarray, nbytes) -> None:
+    def both(s: int | None, part: str, c: int, nbytes: int) -> None:
         if s is None:
-            np.add.at(fixed[PART[part]], at, nbytes)
+            sums.add(fixed, (PART[part],), c, nbytes)
         else:
-            np.add.at(kept[s, PART[part]], at, nbytes)
-            np.add.at(again[s, PART[part]], at, nbytes)
+            sums.add(kept, (s, PART[part]), c, nbytes)
+            sums.add(again, (s, PART[part]), c, nbytes)
 
     outputs = set(pcg.outputs)
-    own: dict[int, list[tuple[int, int, np.ndarray]]] = {}   # a node's kept bytes, the node freeing
-    # them and their devices, where its segment keeps them whether it recomputes or not
+    own: dict[int, list[tuple[int, int, int]]] = {}   # a node's kept bytes, the node freeing them and
+    # their column of devices, where its segment keeps them whether it recomputes or not
+    everywhere = cols.of(np.arange(num_devices))
     for i, n in pcg:
         if n.spec.is_source and not (isinstance(n.op, WeightAttrs) and n.op.trainable):
             # every rank holds an input (a micro-batch's) or constant whole, and cuts views of it
-            both(home.get(i), "inputs and constants", np.arange(num_devices),
+            both(home.get(i), "inputs and constants", everywhere,
                  math.prod(n.outputs[0].sizes) * n.outputs[0].dtype.itemsize)
             continue
         if not stored[i]:
             continue
         shape = n.outputs[0]
         src = layout[i]
-        at = device_array(devs[i])
+        c = cols.of_devices(devs[i])
         if src is not None and isinstance(pcg.nodes[src].op, WeightAttrs) and pcg.nodes[src].op.trainable:
+            at = cols.array(c)
             for part, nbytes in per_param.breakdown(shape.piece.numel, shape.copy_degree, zero).items():
                 if synced[src] or part != "gradients":      # an unsynced one's: made by backward
-                    both(home.get(i), part, at, nbytes)
+                    both(home.get(i), part, c, nbytes)
             if config.training.micro_batches > 1 and not synced[src]:   # accumulated beside backward's
-                both(home.get(i), "gradients", at, per_param.grad * shape.piece.numel)
+                both(home.get(i), "gradients", c, per_param.grad * shape.piece.numel)
             # the optimizer's scratch: one update at a time, a flat shard of a group's (ZeRO-1) or a weight's
             if zero == 1 and shape.copy_degree > 1:
                 flat_at = flat[home[i] + 1] if i in home else flat[0]
@@ -271,7 +273,7 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
                 readers = [u for u, _ in pcg.consumers[i] if layout[u] is None]
                 where = sorted({seg_of[u] for u in readers})
                 if len({seg_of[u] for u in readers if u not in again_of}) > 1:
-                    both(home.get(i), "weights", at, gathered)
+                    both(home.get(i), "weights", c, gathered)
                 elif len(where) == 1:
                     np.maximum.at(second, at, np.minimum(first[at], gathered))
                     np.maximum.at(first, at, gathered)
@@ -282,13 +284,13 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
                 for s in where:
                     again_in = [u for u in readers if again_of.get(u) == s]
                     if again_in:
-                        np.add.at(workspace[s], at, gathered)
+                        sums.add(workspace, (s,), c, gathered)
                         if min(again_in) < first_gather.get(s, (len(pcg), None))[0]:
-                            first_gather[s] = (min(again_in), (at, gathered))
+                            first_gather[s] = (min(again_in), (c, gathered))
             continue
         if src is not None:
             if scaled[i]:       # a piece of an input or constant that is no view of it: a copy
-                both(home.get(i), "inputs and constants", at, shape.piece.numel * shape.dtype.itemsize)
+                both(home.get(i), "inputs and constants", c, shape.piece.numel * shape.dtype.itemsize)
             continue
         each = [_bytes(o.piece, config) for o in n.outputs]
 
@@ -299,7 +301,7 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         extra = saved[i].extra_bytes(config.dtype.itemsize) if saved[i] is not None else 0
         final = {r.index for r in outputs if r.node == i}          # the loss's input: held to the end
         if final:
-            np.add.at(fixed[PART["activations"]], at, of(final))
+            sums.add(fixed, (PART["activations"],), c, of(final))
         mine = keeps.get(i, {})
         held = of(mine.keys() - final)
         s = seg_of[i]
@@ -308,41 +310,42 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         for k in saved[i].inputs if saved[i] is not None else ():
             r = n.inputs[k]
             if layout[r.node] is None and (away := sorted(set(devs[i]) - set(devs[r.node]))):
-                received.append((device_array(tuple(away)), _bytes(pcg.shape(r).piece, config)))
+                received.append((cols.of(device_array(tuple(away))), _bytes(pcg.shape(r).piece, config)))
         # What a recompute reads of another segment, or of an operator not recomputed, is kept
         # until the micro-batch's backward is done (``runtime/program.StepOrder.kept``): so it
         # is not freed with its segment, the account holds it under the recompute workspace.
-        redo = PART["recompute workspace"]
+        redo, act = (s, PART["recompute workspace"]), (s, PART["activations"])
         if i not in again_of:
             reread = {pcg.nodes[u].inputs[k].index for u, k in pcg.consumers[i] if u in again_of} - final
-            np.add.at(kept[s, PART["activations"]], at, held + extra)
-            np.add.at(again[s, PART["activations"]], at, of(mine.keys() - final - reread) + extra)
+            sums.add(kept, act, c, held + extra)
+            sums.add(again, act, c, of(mine.keys() - final - reread) + extra)
             if reread:
-                np.add.at(again[s, redo], at, of(reread))
-            own[i] = [(extra, i, at)] + [(each[j], free, at) for j, free in mine.items()
-                                         if j not in final and j not in reread]
+                sums.add(again, redo, c, of(reread))
+            own[i] = [(extra, i, c)] + [(each[j], free, c) for j, free in mine.items()
+                                        if j not in final and j not in reread]
             for away, nbytes in received:
-                np.add.at(kept[s, PART["activations"]], away, nbytes)
-                np.add.at(again[s, PART["activations"]], away, nbytes)
+                sums.add(kept, act, away, nbytes)
+                sums.add(again, act, away, nbytes)
                 own[i].append((nbytes, i, away))
             continue
-        np.add.at(kept[s, PART["activations"]], at, held + extra)
+        sums.add(kept, act, c, held + extra)
         for away, nbytes in received:
-            np.add.at(kept[s, PART["activations"]], away, nbytes)
-            np.add.at(workspace[s], away, nbytes)
+            sums.add(kept, act, away, nbytes)
+            sums.add(workspace, (s,), away, nbytes)
         if any(again_of.get(u) != s for u, _ in pcg.consumers[i]):
-            np.add.at(again[s, redo], at, out)
-            np.add.at(workspace[s], at, extra)
+            sums.add(again, redo, c, out)
+            sums.add(workspace, (s,), c, extra)
         else:
-            np.add.at(workspace[s], at, out + extra)
+            sums.add(workspace, (s,), c, out + extra)
     # While a segment is recomputed, the gather that the next one recomputed (the one before
     # it) needs first is in flight (``ir/recompute.gathers``): its buffer, beside the workspace.
     order = sorted(first_gather)
     for prev, s in zip(order, order[1:]):
-        at, gathered = first_gather[prev][1]
-        np.add.at(workspace[s], at, gathered)
+        c, gathered = first_gather[prev][1]
+        sums.add(workspace, (s,), c, gathered)
+    sums.spread(cols)
     fixed[PART["inputs and constants"]] += target_bytes(pcg, config)
-    ahead, behind = _in_flight(pcg, devs, layout, stored, keeps, own, grads, synced, segs, num_devices, config)
+    ahead, behind = _in_flight(pcg, devs, layout, stored, keeps, own, grads, synced, segs, cols, config)
     return MemoryTable(fixed, kept, again, workspace, tuple(joint), first + second if zero >= 3 else None,
                        ahead, behind, Scratch(largest, flat[0], flat[1:], update_chunks(cluster)),
                        config.training.recompute is Recompute.SELECTIVE)
@@ -351,8 +354,7 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
 def target_bytes(pcg: PCG, config: CostConfig) -> int:
     """A micro-batch's targets, whole (every rank holds them): class ids where the loss is
     cross entropy (as ``unity run`` chooses it from the plan's ``--loss``), else the output's shape."""
-    kind = LossKind.CROSS_ENTROPY if config.loss == "cross_entropy" or config.loss == "auto" and \
-        looks_like_logits(pcg) else LossKind.MSE
+    kind = planned_loss(pcg, config.loss)
     return math.prod(label_shape(kind, pcg.shape(pcg.outputs[0]).sizes)) * label_dtype(kind).itemsize
 
 
@@ -405,9 +407,8 @@ def _synced(pcg: PCG, layout: Sequence[int | None], stored: Sequence[bool]) -> d
 
 
 def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None], stored: Sequence[bool],
-               keeps: dict[int, dict[int, int]], own: dict[int, list[tuple[int, int, np.ndarray]]], grads: frozenset,
-               synced: dict[int, bool],
-               segs: Sequence[Sequence[int]], num_devices: int, config: CostConfig
+               keeps: dict[int, dict[int, int]], own: dict[int, list[tuple[int, int, int]]], grads: frozenset,
+               synced: dict[int, bool], segs: Sequence[Sequence[int]], cols: _Columns, config: CostConfig
                ) -> tuple[np.ndarray, np.ndarray | None]:
     """What the account's parts, each a sum over the step, leave out: ``[device]``, the most
     bytes alive at one step of forward of the values no context keeps (from their node to
@@ -422,14 +423,12 @@ def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int |
     of the gradients less the contexts of its operators already run then. Without segments,
     the forward's and backward's most together as the first."""
     n = len(pcg)
-    cols = _Columns(num_devices)
     changes: list[tuple[int, int, int, int]] = []      # (row, position, column, bytes): rows are
     # forward's values, backward's gradients, the contexts backward has freed, those forward has not made
     grad_bytes = config.weight_bytes.grad
     until = _until(pcg, layout)
 
-    def alive(k: int, lo: int, hi: int, at: np.ndarray | int, nbytes: int) -> None:
-        c = at if isinstance(at, int) else cols.of(at)
+    def alive(k: int, lo: int, hi: int, c: int, nbytes: int) -> None:
         changes.extend(((k, lo, c, nbytes), (k, hi + 1, c, -nbytes)))
 
     for i, node in pcg:
@@ -530,7 +529,8 @@ class _Columns:
     def __init__(self, num_devices: int):
         self.num_devices = num_devices
         self.index: dict[bytes, int] = {}
-        self.rows: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []      # per column, how often it names each device
+        self.arrays: list[np.ndarray] = []
         self.by_id: dict[int, tuple[tuple[int, ...], int]] = {}
 
     def of_devices(self, devices: tuple[int, ...]) -> int:
@@ -544,7 +544,12 @@ class _Columns:
         if key not in self.index:
             self.index[key] = len(self.rows)
             self.rows.append(np.bincount(at, minlength=self.num_devices))
+            self.arrays.append(at)
         return self.index[key]
+
+    def array(self, c: int) -> np.ndarray:
+        """Column ``c``'s devices, as an index array."""
+        return self.arrays[c]
 
     def classes(self) -> tuple[np.ndarray, np.ndarray]:
         """``[column, class]`` counts and each device's class."""
@@ -552,6 +557,29 @@ class _Columns:
             return np.zeros((1, 1), dtype=np.int64), np.zeros(self.num_devices, dtype=np.intp)
         unique, cls = np.unique(np.stack(self.rows), axis=1, return_inverse=True)
         return unique.astype(np.int64), cls.reshape(-1)
+
+
+class _Sums:
+    """:class:`MemoryTable`'s arrays by part (``fixed``, ``kept``, ``again``, ``workspace``),
+    added to per column of devices (:class:`_Columns`) at Python's speed, then spread onto
+    the devices once: a graph has thousands of nodes, laid out on a few columns."""
+
+    def __init__(self, segments: int, num_devices: int):
+        self.fixed = np.zeros((len(MEMORY_PARTS), num_devices), dtype=np.int64)
+        self.kept = np.zeros((segments, len(MEMORY_PARTS), num_devices), dtype=np.int64)
+        self.again = np.zeros_like(self.kept)
+        self.workspace = np.zeros((segments, num_devices), dtype=np.int64)
+        self._arrays = {id(a): a for a in (self.fixed, self.kept, self.again, self.workspace)}
+        self._added: dict[tuple[int, tuple[int, ...], int], int] = defaultdict(int)
+
+    def add(self, array: np.ndarray, index: tuple[int, ...], column: int, nbytes: int) -> None:
+        """``nbytes`` more on each device of ``column`` at ``array[index]``."""
+        self._added[id(array), index, column] += nbytes
+
+    def spread(self, cols: _Columns) -> None:
+        for (a, index, c), nbytes in self._added.items():
+            self._arrays[a][index] += nbytes * cols.rows[c]
+        self._added.clear()
 
 
 def _bytes(t: TensorShape, config: CostConfig) -> int:

@@ -83,6 +83,13 @@ class CostConfig:
     training: Training = Training()   # micro-batches and the ZeRO stage (ir/training.py)
 
     @property
+    def unshaped(self) -> CostConfig:
+        """The config less the step's shape: a node's or a resharding's price (its compute and
+        its moves) is the same however micro-batches, ZeRO, recomputation and the bucket size
+        order and repeat its work, and whatever room it has; so every shape shares its tables."""
+        return replace(self, memory_limit=None, sync_bucket=None, training=Training())
+
+    @property
     def weight_bytes(self) -> WeightBytes:
         """The bytes of one trainable parameter (``ir/training.py``), as this config trains it."""
         return WeightBytes.of(self.dtype, self.optimizer.states)
@@ -168,12 +175,8 @@ class CostContext:
     @staticmethod
     def of(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> CostContext:
         st = Structure.of(pcg, cluster.num_devices, config.loss, runtime_copies(pcg, cluster))
-        # A node's price (its compute and its moves) is the same however the step is shaped:
-        # micro-batches, ZeRO stage, recomputation and bucket size order and repeat its work,
-        # they do not change it; so every shape of step shares one table.
-        alike = replace(config, memory_limit=None, sync_bucket=None, training=Training())
         return CostContext(pcg, cluster, config, st.layout, st.pairs, st,
-                           price_table(cluster, alike, "nodes", NODE_CACHE_LIMIT))
+                           price_table(cluster, config.unshaped, "nodes", NODE_CACHE_LIMIT))
 
 
 @functools.lru_cache(maxsize=8)

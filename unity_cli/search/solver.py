@@ -234,17 +234,21 @@ def unit_layouts(source: ParallelTensorShape, target: ParallelTensorShape
     its degree), so each dim of ``source`` -> ``target`` can shrink to the least common
     multiple of its two degrees (every degree on the way divides one of them): each piece,
     each region read and each message then shrinks by the same ``factor``, and the moves
-    of the real resharding are the unit's with their bytes times ``factor``. ShapeError:
-    the two are not layouts of one tensor."""
+    of the real resharding are the unit's with their bytes times ``factor``. A dim past the
+    first (the batch dim, which default views place apart: ``search/views.py``) that neither
+    splits (its unit size 1) is left out: no op of the resharding reads it, and pieces go
+    onto devices by the split dims only, so the reshardings of tensors that differ in such
+    dims are one unit. ShapeError: the two are not layouts of one tensor."""
     if source.logical != target.logical:
         raise ShapeError(f"cannot reshard {source} into {target}: logical shapes differ")
-    sizes, factor = [], 1
-    for a, b in zip(source.dims, target.dims, strict=True):
+    kept, factor = [], 1
+    for k, (a, b) in enumerate(zip(source.dims, target.dims, strict=True)):
         unit = math.lcm(a.degree, b.degree)
-        sizes.append(unit)
+        if unit > 1 or k == 0:
+            kept.append((k, unit))
         factor *= a.size // unit
-    small = [ParallelTensorShape.of(tuple(sizes), s.degrees, s.dtype, s.sum_degree, s.copy_degree)
-             for s in (source, target)]
+    small = [ParallelTensorShape.of(tuple(u for _, u in kept), tuple(s.dims[k].degree for k, _ in kept), s.dtype,
+                                    s.sum_degree, s.copy_degree) for s in (source, target)]
     return small[0], small[1], factor
 
 
@@ -255,8 +259,8 @@ class _Pricer:
 
     def __init__(self, cluster: ClusterSpec, config: CostConfig):
         self.cluster, self.config = cluster, config
-        self._cache = price_table(cluster, config, "solver moves", SHARED_LIMIT)
-        self._units = price_table(cluster, config, "solver unit moves", SHARED_LIMIT)
+        self._cache = price_table(cluster, config.unshaped, "solver moves", SHARED_LIMIT)
+        self._units = price_table(cluster, config.unshaped, "solver unit moves", SHARED_LIMIT)
 
     def move(self, source: ParallelTensorShape, target: ParallelTensorShape, kind: Tensor = Tensor.ACTIVATION,
              grad: bool = True) -> float:
@@ -339,8 +343,9 @@ class Tables:
         self.pricer = _Pricer(cluster, config)
         self.device = min((cluster.device_type(d) for d in range(cluster.num_devices)),
                           key=lambda t: t.flops(config.dtype.value))
-        self.nodes = price_table(cluster, config, "solver nodes", SHARED_LIMIT)
-        self.edges = price_table(cluster, config, "solver edges", SHARED_LIMIT)
+        shaped = replace(config, memory_limit=None, sync_bucket=None)   # (a solve's room: its problem's)
+        self.nodes = price_table(cluster, shaped, "solver nodes", SHARED_LIMIT)
+        self.edges = price_table(cluster, shaped, "solver edges", SHARED_LIMIT)
 
     def _shared(self) -> tuple[dict, ...]:
         return self.nodes, self.edges, self.pricer._cache, self.pricer._units
