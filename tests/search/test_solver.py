@@ -434,7 +434,8 @@ def test_a_resharding_priced_at_its_unit_sizes_costs_what_it_costs_whole(nodes, 
     dim is never split: the unit leaves it out, as it does every dim past the first that
     neither layout splits."""
     from unity_cli.ir.shapes import ParallelTensorShape
-    from unity_cli.search.solver import Tensor, _Pricer, unit_layouts
+    from unity_cli.search.reshard import unit_layouts
+    from unity_cli.search.solver import Tensor, _Pricer
 
     cl = cluster(nodes, per_node)
     config = CostConfig(profile=_profile(per_node)) if profiled else CostConfig()

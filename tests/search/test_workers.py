@@ -17,6 +17,7 @@ from unity_cli.ir import DType
 from unity_cli.ir.recompute import Recompute
 from unity_cli.search import workers
 from unity_cli.search.solver import Tables, solve
+from unity_cli.search.step import optimize_step
 from unity_cli.search.uniform import best_uniform
 from unity_cli.search.workers import fork_map
 
@@ -106,3 +107,24 @@ def test_the_uniform_configurations_priced_side_by_side_are_the_serial_row(tmp_p
     assert got.training == serial.training and got.row.baseline.description == serial.row.baseline.description
     assert [t.report.step_time for t in got.tried] == [t.report.step_time for t in serial.tried]
     assert got.row.report.step_time == serial.row.report.step_time
+
+
+@forks
+def test_the_step_search_side_by_side_is_the_serial_plan(tmp_path, monkeypatch):
+    """The whole search of a graph of repeated blocks (the uniform configurations, the
+    meshes, the groupings, the rows lengthened and priced whole) spread over workers gives
+    the serial run's plan and rows."""
+    batch = 4
+    made = {k: deep(tmp_path, "llama", 6, batch // k) for k in (1, 2, 4)}
+    c = load_cluster("local-cpu:4")
+
+    def search():
+        cost_model._tables.cache_clear()
+        result, k = optimize_step(made.__getitem__, batch, c, CONFIG, max_candidates=5)
+        rows = {name: (cand.baseline.pcg.node_hashes, cand.views, cand.report.step_time)
+                for name, cand in result.candidates.items()}
+        return k, result.chosen.baseline.pcg.node_hashes, result.chosen.views, result.chosen.report.step_time, rows
+
+    serial = search()
+    monkeypatch.setattr(workers, "PARALLEL_DEVICES", 2)
+    assert search() == serial

@@ -396,7 +396,7 @@ def phase_seconds(moves: Sequence[Move], cluster: ClusterSpec, profile: Profile 
 class PhaseCalls:
     """One phase's calls as :func:`phase_seconds` prices them, in a form that prices them
     at any scale: the same calls with every message ``scale`` times larger (the resharding
-    of a larger tensor with the same splits: ``search/solver.unit_layouts``)."""
+    of a larger tensor with the same splits: ``search/reshard.unit_layouts``)."""
 
     phase: str
     p2p_latency: float                  # the slowest link's

@@ -32,6 +32,7 @@ from .baselines import Strategy, hybrid, retrained
 from .joint import Applied, faster
 from .optimize import BASELINES, HYBRID, Candidate, SearchResult, _fastest, optimize, price_hybrid
 from .uniform import Uniform
+from .workers import fork_map, large
 
 SEARCH_KEPT = 3
 """The blocks of the run the searches see: the first (what it reads comes from outside the
@@ -152,18 +153,26 @@ def folded_search(whole: PCG, cluster: ClusterSpec, config: CostConfig, uniform:
     whole_config = replace(config, training=train)
     rows: dict[str, Candidate] = {HYBRID: row}
     missing = list(got.not_priced)
-    priced: dict[tuple, tuple | None] = {}     # rows that are one plan are lengthened and priced once
+    # rows that are one plan are lengthened and priced once, side by side where the cluster is large
+    firsts: dict[tuple, Candidate] = {}
+    for name, cand in got.candidates.items():
+        if name != HYBRID:
+            firsts.setdefault((cand.baseline.pcg.node_hashes, cand.views), cand)
+
+    def lengthened_priced(cand: Candidate) -> tuple | None:
+        made = grow.pcg(cand.baseline.pcg)
+        if made is None:
+            return None
+        longer, origin = made
+        views = tuple(cand.views[o] for o in origin)
+        return longer, views, estimate(longer, views, cluster, whole_config)
+
+    priced = dict(zip(firsts, fork_map(lengthened_priced, list(firsts.values()), large(cluster.num_devices)),
+                      strict=True))
     for name, cand in got.candidates.items():
         if name == HYBRID:
             continue
         key = (cand.baseline.pcg.node_hashes, cand.views)
-        if key not in priced:
-            made = grow.pcg(cand.baseline.pcg)
-            if made is not None:
-                longer, origin = made
-                views = tuple(cand.views[o] for o in origin)
-                made = (longer, views, estimate(longer, views, cluster, whole_config))
-            priced[key] = made
         if priced[key] is None:
             missing.append(name)
             continue

@@ -19,11 +19,10 @@ to what the consumer reads (the resharding, its backward only where the gradient
 per trainable weight read replicated, its gradient all-reduce; and, at a graph output left
 as partial sums, their reduction. All are priced by the cost model (``cost.model``) on tiny
 graphs, so the solver and the final pricing agree on every piece. Memory per device is a
-hard constraint, counted as the final pricing counts it: each operator's activations kept
-for backward and its weights with their gradients and optimizer state, and on each edge the
-buffers of the parallel ops that reshard it (the most any one device holds of them). Summed,
-that is never less than what the simulation finds on the busiest device of the realized
-graph (consumers that read one resharding share it), so a plan that fits the solver fits.
+hard constraint, added up from what the final pricing counts (``cost/memory.py``): each
+operator's kept activations and weights with their gradients and optimizer state, each
+edge's resharding buffers, and what no option changes (``step_bytes``); never less than
+the pricing's busiest moment but for the values in flight, which it checks on the realized graph.
 
 The choice is solved exactly by dynamic programming over the graph's structure: variable
 elimination (``elimination.py``), whose work is linear in the number of layers and whose
@@ -80,7 +79,7 @@ from ..ir.training import shard_elements
 from .elimination import Elimination, TooWide
 from .groups import Grouping, group_ranges, groupings
 from .mesh import Mesh, factorizations
-from .reshard import reshard
+from .reshard import reshard, unit_layouts
 from .views import default_views
 from .workers import fork_map, in_worker, large
 
@@ -225,31 +224,6 @@ def node_options(n: Node, shapes: Sequence[ParallelTensorShape], mesh: Mesh) -> 
 
 SHARED_LIMIT = 200_000
 """Entries each of the solver's shared price tables keeps before it starts afresh."""
-
-
-def unit_layouts(source: ParallelTensorShape, target: ParallelTensorShape
-                 ) -> tuple[ParallelTensorShape, ParallelTensorShape, int]:
-    """The same resharding at the least sizes that keep every split even, and the factor
-    every piece grows by at the real sizes. Splits are even (a dim's size is a multiple of
-    its degree), so each dim of ``source`` -> ``target`` can shrink to the least common
-    multiple of its two degrees (every degree on the way divides one of them): each piece,
-    each region read and each message then shrinks by the same ``factor``, and the moves
-    of the real resharding are the unit's with their bytes times ``factor``. A dim past the
-    first (the batch dim, which default views place apart: ``search/views.py``) that neither
-    splits (its unit size 1) is left out: no op of the resharding reads it, and pieces go
-    onto devices by the split dims only, so the reshardings of tensors that differ in such
-    dims are one unit. ShapeError: the two are not layouts of one tensor."""
-    if source.logical != target.logical:
-        raise ShapeError(f"cannot reshard {source} into {target}: logical shapes differ")
-    kept, factor = [], 1
-    for k, (a, b) in enumerate(zip(source.dims, target.dims, strict=True)):
-        unit = math.lcm(a.degree, b.degree)
-        if unit > 1 or k == 0:
-            kept.append((k, unit))
-        factor *= a.size // unit
-    small = [ParallelTensorShape.of(tuple(u for _, u in kept), tuple(s.dims[k].degree for k, _ in kept), s.dtype,
-                                    s.sum_degree, s.copy_degree) for s in (source, target)]
-    return small[0], small[1], factor
 
 
 class _Pricer:
@@ -768,10 +742,18 @@ def regroup(pcg: PCG, cluster: ClusterSpec, config: CostConfig, flat: Solution, 
     """``flat`` (``pcg`` solved with every operator on every device), or the fastest solution
     of ``pcg``'s groupings (:func:`groups.groupings`, on ``flat``'s mesh) where the step
     simulation finds one faster."""
-    best = flat
-    for grouping in groupings(pcg, cluster):
+    spread = large(cluster.num_devices)        # side by side, as the meshes (each prices its own sub-meshes)
+    known = tables.known() if spread else ()
+
+    def grouped(grouping: Grouping) -> tuple[list[Solution], tuple[dict, ...]]:
         meshes = {i: flat.mesh.sub(r.count) for i, r in grouping.ranges}
-        for sol in _solutions(pcg, cluster, config, flat.mesh, tables, meshes, grouping):
+        found = list(_solutions(pcg, cluster, config, flat.mesh, tables, meshes, grouping))
+        return found, tables.taken(known) if in_worker() else ()
+
+    best = flat
+    for found, taken in fork_map(grouped, groupings(pcg, cluster), spread):
+        tables.merge(taken)
+        for sol in found:
             if sol.step_time < best.step_time * (1 - 1e-12):
                 best = sol
     return best

@@ -1,8 +1,10 @@
 """The search's independent pricings, run on the machine's cores.
 
 A few parts of the search are many pricings that share nothing but what was computed before
-them: the solver's meshes (``solver.solve``), and the uniform configurations priced on a
-shortened graph (``uniform.best_uniform``). :func:`fork_map` runs such a list in forked
+them: the solver's meshes and its groupings of branches onto device groups (``solver.solve``,
+``solver.regroup``), the uniform configurations priced on a shortened graph
+(``uniform.best_uniform``), and the rows of a search on one lengthened and priced whole
+(``folded.folded_search``). :func:`fork_map` runs such a list in forked
 worker processes, which see everything the parent had computed, and returns the results in
 the list's order; the parent then takes what it needs back (``solver.Tables.merge``). The
 answer is the serial one whatever the number of workers, and the order they finish in:
