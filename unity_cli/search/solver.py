@@ -742,8 +742,9 @@ def regroup(pcg: PCG, cluster: ClusterSpec, config: CostConfig, flat: Solution, 
     """``flat`` (``pcg`` solved with every operator on every device), or the fastest solution
     of ``pcg``'s groupings (:func:`groups.groupings`, on ``flat``'s mesh) where the step
     simulation finds one faster."""
-    spread = large(cluster.num_devices)        # side by side, as the meshes (each prices its own sub-meshes)
-    known = tables.known() if spread else ()
+    items = groupings(pcg, cluster)
+    spread = large(cluster.num_devices) and len(items) > 1     # side by side, as the meshes
+    known = tables.known() if spread else ()    # (the run's table keys: only where workers send theirs)
 
     def grouped(grouping: Grouping) -> tuple[list[Solution], tuple[dict, ...]]:
         meshes = {i: flat.mesh.sub(r.count) for i, r in grouping.ranges}
@@ -751,7 +752,7 @@ def regroup(pcg: PCG, cluster: ClusterSpec, config: CostConfig, flat: Solution, 
         return found, tables.taken(known) if in_worker() else ()
 
     best = flat
-    for found, taken in fork_map(grouped, groupings(pcg, cluster), spread):
+    for found, taken in fork_map(grouped, items, spread):
         tables.merge(taken)
         for sol in found:
             if sol.step_time < best.step_time * (1 - 1e-12):
