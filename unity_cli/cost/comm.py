@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..cluster.collectives import Collective
 from ..cluster.spec import ClusterSpec, Link
@@ -67,17 +68,22 @@ def _route(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> tuple[Link,
 @functools.lru_cache(maxsize=1 << 14)
 def _routed(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -> tuple[Link, str | None, int]:
     """:func:`_route`, cached: a search prices the same groups of devices over and over."""
-    spanning = [g for g in groups if len({cluster.node_of(d) for d in g}) > 1]
+    node = _nodes(cluster)
+    on = [np.unique(node[np.fromiter(g, dtype=np.intp, count=len(g))]) for g in groups]
+    spanning = [k for k, nodes in enumerate(on) if len(nodes) > 1]
     if not spanning:
         multi = [g for g in groups if len(g) > 1]
         if not multi:
             return Link(math.inf, 0.0), None, 1
         return min((cluster.link_for(g) for g in multi), key=lambda link: link.bandwidth), INTRA_NODE, 1
-    per_node: Counter[int] = Counter()
-    for g in spanning:
-        for node in {cluster.node_of(d) for d in g}:
-            per_node[node] += 1
-    return cluster.link_for(spanning[0]), INTER_NODE, max(per_node.values())
+    per_node = np.bincount(np.concatenate([on[k] for k in spanning]))
+    return cluster.link_for(groups[spanning[0]]), INTER_NODE, int(per_node.max())
+
+
+@functools.lru_cache(maxsize=8)
+def _nodes(cluster: ClusterSpec) -> np.ndarray:
+    """Each device's node (``cluster.node_of``), as an array."""
+    return np.repeat(np.arange(len(cluster.nodes)), [n.devices for n in cluster.nodes])
 
 
 def _measured(link: Link, kind: str | None, profile: Profile | None) -> Link:

@@ -15,8 +15,8 @@ in buckets started during it, the share of each the profile measured hiding unde
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 
 import numpy as np
@@ -58,7 +58,7 @@ from .strides import copies as runtime_copies
 __all__ = ["LOSS_NODE", "MEMORY_PARTS", "SYNC_NODE", "CostConfig", "CostContext", "CostReport", "Event", "NodeCost",
            "Optimizer", "Stream",
            "device_capacity", "estimate", "gather_then_replicate", "layout_sources", "memory_account",
-           "memory_per_device", "node_cost", "stored_layout", "updates_per_device"]
+           "memory_per_device", "node_cost", "step_time", "stored_layout", "updates_per_device"]
 
 
 class Optimizer(Enum):
@@ -115,7 +115,7 @@ class NodeCost:
         return self.compute_fwd + self.compute_bwd + self.comm
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CostReport:
     step_time: float
     compute_time: float            # busiest device's compute (forward + backward + update)
@@ -124,13 +124,34 @@ class CostReport:
     nodes: tuple[NodeCost, ...]
     events: tuple[Event, ...] = field(repr=False, default=())
     infeasible: str | None = None
-    comm_bytes: tuple[int, ...] = ()   # bytes of tensor data each device sends per step (cost.comm.sent_bytes)
+    sent: tuple[int, ...] | Callable[[], tuple[int, ...]] = field(repr=False, default=())   # see comm_bytes
     sync_bucket: int = 0               # the gradient sync's bucket bytes it was priced with (0: flat)
     training: Training = Training()    # the micro-batches and ZeRO stage it was priced with
 
     @property
     def feasible(self) -> bool:
         return self.infeasible is None
+
+    @property
+    def comm_bytes(self) -> tuple[int, ...]:
+        """Bytes of tensor data each device sends per step (``cost.comm.sent_bytes``), counted
+        when first read: a search reads the step times of many reports and the bytes of one."""
+        if callable(self.sent):
+            object.__setattr__(self, "sent", self.sent())
+        assert not callable(self.sent)
+        return self.sent
+
+    def __getstate__(self) -> dict:
+        # sent to another process (search/workers.py): the bytes counted, not the means to
+        return {**self.__dict__, "sent": self.comm_bytes}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CostReport):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.name != "sent") \
+            and self.comm_bytes == other.comm_bytes
+
+    __hash__ = None     # type: ignore[assignment]  (equal by value, and mutable in its one cached field)
 
 
 @dataclass(frozen=True)
@@ -309,7 +330,78 @@ def simulated_order(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec
 
 def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
              config: CostConfig = CostConfig()) -> CostReport:
-    """Simulate one training step (forward, backward, gradient sync, optimizer update)."""
+    """Simulate one training step (forward, backward, gradient sync, optimizer update), and
+    count each device's memory (``cost/memory.py``) and bytes sent."""
+    sim = _simulated(pcg, views, cluster, config)
+    memory = memory_per_device(pcg, sim.devs, sim.ctx.layout, cluster, config)
+    infeasible = None
+    caps = device_capacity(cluster, config)
+    over = np.flatnonzero(np.asarray(memory, dtype=np.int64) > caps)
+    if len(over):
+        d = int(over[0])
+        cap = int(caps[d])
+        limit = " (the --memory-limit)" if cap == config.memory_limit else ""
+        need, have = _sizes_apart(memory[d], cap)
+        infeasible = f"needs {need} on device {d}, which has {have}{limit}"
+    events = sim.events
+    busiest_compute = np.zeros(cluster.num_devices)
+    busiest_comm = np.zeros(cluster.num_devices)
+    for e in events:
+        acc = busiest_comm if e.comm or e.stream is Stream.COMM else busiest_compute
+        np.add.at(acc, device_array(e.devices), (e.end - e.start) * e.times)
+    end = sim.end
+    upd_events = [Event(StepNode.UPDATE, Phase.UPDATE, Stream.COMPUTE, (int(d),), end, end + float(sim.update[d]))
+                  for d in np.flatnonzero(sim.update > 0)]
+    busiest_compute += sim.update
+    return CostReport(sim.step, float(busiest_compute.max(initial=0.0)), float(busiest_comm.max(initial=0.0)),
+                      tuple(memory), tuple(sim.costs), tuple(events) + tuple(upd_events), infeasible,
+                      functools.partial(_sent_bytes, sim), sim.bucket, config.training)
+
+
+def step_time(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
+              config: CostConfig = CostConfig()) -> float:
+    """:func:`estimate`'s step time alone (neither memory nor bytes counted)."""
+    return _simulated(pcg, views, cluster, config).step
+
+
+@dataclass(frozen=True)
+class _Simulated:
+    """One step's simulation (:func:`_simulated`), what :func:`estimate` reports from."""
+
+    ctx: CostContext
+    devs: list[tuple[int, ...]]
+    priced: list[tuple[NodeCost, tuple[Move, ...]]]
+    flat: FlatCalls
+    costs: list[NodeCost]
+    step: float
+    bucket: int
+    events: list[Event]          # every event but the update's, each micro-batch's as often as it runs
+    update: np.ndarray           # each device's optimizer update (seconds)
+    end: float                   # when the updates start
+
+
+def _sent_bytes(sim: _Simulated) -> tuple[int, ...]:
+    """Bytes each device sends in the step: each micro-batch's moves (a recomputed node's
+    forward ones twice), and the sync's calls (``ir/buckets.sync_calls``, which the runtime
+    makes) as often as they run: per weight and per bucket the same for an all-reduce, but
+    ZeRO's shards are padded per bucket."""
+    ctx, priced, flat = sim.ctx, sim.priced, sim.flat
+    train = ctx.config.training
+    again = {i for seg in ctx.recomputed for i in seg}
+    return sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != Phase.SYNC), train.micro_batches),
+                               ((m for i in sorted(again) for m in priced[i][1] if m.phase == Phase.FWD),
+                                train.micro_batches),
+                               ((_call_move(c) for _, cs in flat for c in cs
+                                 if c.when in (SyncWhen.SYNC, SyncWhen.AFTER_UPDATE)), 1),
+                               ((_call_move(c) for _, cs in flat for c in cs if c.when is SyncWhen.MICRO_BATCH),
+                                train.micro_batches),
+                               ((_call_move(c) for b, cs in flat for c in cs
+                                 if c.when is SyncWhen.BEFORE_USE for _ in ctx.weight_passes[b.weights[0]]),
+                                train.micro_batches)],
+                              ctx.cluster.num_devices)
+
+
+def _simulated(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec, config: CostConfig) -> _Simulated:
     ctx = CostContext.of(pcg, cluster, config)
     layout = ctx.layout
     devs = [views[i].devices(n.outputs[0]) for i, n in pcg]
@@ -323,27 +415,12 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
             check()    # under optimize --budget: a graph of 20,000 nodes takes seconds to price
         priced.append(node_cost_and_moves(ctx, i, views))
     train = config.training
-    again = {i for seg in ctx.recomputed for i in seg}
     # A recomputed node's forward (its compute and its moves) runs again in backward, where
     # the step's order recomputes it (ir/recompute.py): the simulation prices it there.
     costs = [c for c, _ in priced]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
     flat = [(b, sync_calls(b, train.zero)) for b in sync_buckets(pcg, weights, 0, train.zero)]
     fetches = _fetches(ctx, flat)       # ZeRO-3: each pass's gathers, prefetched one ahead
-    # Bytes: each micro-batch's moves (a recomputed node's forward ones twice), and the sync's
-    # calls (ir/buckets.sync_calls, which the runtime makes) as often as they run: per weight
-    # and per bucket the same for an all-reduce, but ZeRO's shards are padded per bucket.
-    sent = sent_rounded_parts([((m for _, ms in priced for m in ms if m.phase != Phase.SYNC), train.micro_batches),
-                               ((m for i in sorted(again) for m in priced[i][1] if m.phase == Phase.FWD),
-                                train.micro_batches),
-                               ((_call_move(c) for _, cs in flat for c in cs
-                                 if c.when in (SyncWhen.SYNC, SyncWhen.AFTER_UPDATE)), 1),
-                               ((_call_move(c) for _, cs in flat for c in cs if c.when is SyncWhen.MICRO_BATCH),
-                                train.micro_batches),
-                               ((_call_move(c) for b, cs in flat for c in cs
-                                 if c.when is SyncWhen.BEFORE_USE for _ in ctx.weight_passes[b.weights[0]]),
-                                train.micro_batches)],
-                              cluster.num_devices)
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
     synced = [m for _, ms in priced for m in ms if m.phase == Phase.SYNC]
@@ -373,27 +450,7 @@ def estimate(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec,
     # micro-batches lists two micro-batches' events, not 256.
     events = [e.repeated(train.micro_batches - 1) for e in before] + \
         [e.later((train.micro_batches - 1) * span) for e in events] + gathers
-    busiest_compute = np.zeros(cluster.num_devices)
-    busiest_comm = np.zeros(cluster.num_devices)
-    for e in events:
-        acc = busiest_comm if e.comm or e.stream is Stream.COMM else busiest_compute
-        np.add.at(acc, device_array(e.devices), (e.end - e.start) * e.times)
-    upd_events = [Event(StepNode.UPDATE, Phase.UPDATE, Stream.COMPUTE, (int(d),), end, end + float(update[d]))
-                  for d in np.flatnonzero(update > 0)]
-    busiest_compute += update
-    memory = memory_per_device(pcg, devs, layout, cluster, config)
-    infeasible = None
-    caps = device_capacity(cluster, config)
-    over = np.flatnonzero(np.asarray(memory, dtype=np.int64) > caps)
-    if len(over):
-        d = int(over[0])
-        cap = int(caps[d])
-        limit = " (the --memory-limit)" if cap == config.memory_limit else ""
-        need, have = _sizes_apart(memory[d], cap)
-        infeasible = f"needs {need} on device {d}, which has {have}{limit}"
-    return CostReport(step, float(busiest_compute.max(initial=0.0)), float(busiest_comm.max(initial=0.0)),
-                      tuple(memory), tuple(costs), tuple(events) + tuple(upd_events), infeasible,
-                      sent, bucket, train)
+    return _Simulated(ctx, devs, priced, flat, costs, step, bucket, events, update, end)
 
 
 FlatCalls = Sequence[tuple[SyncBucket, tuple[SyncCall, ...]]]
@@ -577,14 +634,15 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     stand in that copy's place, priced as it). Under ZeRO a device updates its shard of each
     flat buffer of its groups once (``flat``: the flat sync's buckets), and each weight it
     keeps without replicas as before."""
-    t = np.zeros(cluster.num_devices)
-    copied: dict[int, int] = {}
-    for m in synced:
-        for d in m.group:
-            copied[d] = copied.get(d, 0) + m.nbytes
-    for d, nbytes in copied.items():
-        t[d] += sync_copy_seconds(nbytes, cluster.device_type(d))
     types, index, _ = _device_types(cluster)
+    t = np.zeros(cluster.num_devices)
+    if synced:
+        copied = np.zeros(cluster.num_devices, dtype=np.int64)
+        for m in synced:
+            np.add.at(copied, device_array(m.group), m.nbytes)
+        ix = np.flatnonzero(copied)
+        bandwidth = np.array([ty.memory_bandwidth for ty in types])[index[ix]]
+        t[ix] += sync_copy_seconds(copied[ix], bandwidth)
     sharded: dict[int, set[int]] = {}     # weight -> the devices that update it by shards
     if config.training.zero:
         for b, _ in flat:
@@ -658,7 +716,9 @@ its group's flat buffer (``runtime/weights.py``): two streaming passes, in the o
 phase of the step."""
 
 
-def sync_copy_seconds(nbytes: int, device) -> float:
-    """The copy of ``nbytes`` of gradients into a flat sync buffer on ``device``."""
-    return SYNC_COPY_PASSES * nbytes / device.memory_bandwidth
+def sync_copy_seconds(nbytes, device):
+    """The copy of ``nbytes`` of gradients into a flat sync buffer on ``device`` (or, given
+    arrays of bytes and of memory bandwidths, on each device)."""
+    bandwidth = device if isinstance(device, np.ndarray) else device.memory_bandwidth
+    return SYNC_COPY_PASSES * nbytes / bandwidth
 

@@ -204,15 +204,18 @@ def node_moves(st: Structure, i: int, views: Views, dtype: DType = DType.FLOAT32
 
 
 def _read_bytes(pcg: PCG, rd: Read, dtype: DType, memo: dict | None = None) -> int:
-    """Bytes a read brings; ``memo`` keeps each tensor's piece between the reads of a step."""
+    """Bytes a read brings; ``memo`` keeps each tensor's piece, and each region's bytes, between
+    the reads of a step (a region by its identity: the step holds it, and reads share one)."""
     if memo is None:
         return math.prod(read_shape(pcg, rd)) * itemsize(pcg.shape(rd.ref), dtype)
-    hit = memo.get(rd.ref)
+    key = (rd.ref, id(rd.region))
+    hit = memo.get(key)
     if hit is None:
         shape = pcg.shape(rd.ref)
-        hit = memo[rd.ref] = (shape.piece.dims, itemsize(shape, dtype))
-    dims, size = hit
-    return math.prod(dims if rd.region is None else region_shape(rd.region, dims)) * size
+        dims = shape.piece.dims
+        hit = memo[key] = math.prod(dims if rd.region is None else region_shape(rd.region, dims)) * \
+            itemsize(shape, dtype)
+    return hit
 
 
 def step_moves(st: Structure, sched: Schedule, step: Step, dtype: DType) -> list[Move]:

@@ -304,6 +304,7 @@ class Schedule:
         self.layout = tuple(layout_sources(pcg)) if layout is None else tuple(layout)
         self._owners: dict[int, dict[Coord, int]] = {}
         self._held: dict[int, dict[int, Coord]] = {}
+        self._local: dict[int, bool] = {}     # a layout of a constant: every rank holds it whole
 
     def owners(self, i: int) -> dict[Coord, int]:
         """Node ``i``'s pieces -> the ranks holding them (do not change the dict: it is shared)."""
@@ -336,7 +337,10 @@ class Schedule:
         """A read of piece ``c`` of ``ref`` by ``reader``; with ``any_copy`` the replica on the
         reader's device if there is one, else replica ``c``'s copy index (0 by default)."""
         i = ref.node
-        if self.layout[i] is not None and not trainable(self.pcg, self.layout, i):
+        local = self._local.get(i)
+        if local is None:
+            local = self._local[i] = self.layout[i] is not None and not trainable(self.pcg, self.layout, i)
+        if local:
             return Read(ref, c, LOCAL, region)
         if any_copy:
             mine = self.held(i).get(reader)
@@ -364,16 +368,21 @@ class Schedule:
         d = n.op.degree
         tasks = []
         m = y.piece.dims[n.op.dim] if n.kind == OpKind.Repartition else 0
+        regions: dict[int, Region] = {}     # one region per slice of the split (a step reads each many times)
         for c, rank in self.owners(i).items():
             match n.kind:
                 case OpKind.Repartition:
                     k = c[n.op.dim] % d
-                    region = tuple(slice(k * m, (k + 1) * m) if a == n.op.dim else slice(None) for a in range(r))
+                    region = regions.get(k)
+                    if region is None:
+                        region = regions[k] = tuple(slice(k * m, (k + 1) * m) if a == n.op.dim else slice(None)
+                                                    for a in range(r))
                     reads = (self.read(src, with_axis(c, n.op.dim, c[n.op.dim] // d), rank, region),)
                     tasks.append(Task(i, c, rank, reads, Assemble.COPY))
                 case OpKind.Combine if n.op.dim == REPLICA_DIM:
                     cands = [with_axis(c, r + 1, c[r + 1] * d + k) for k in range(d)]
-                    pick = next((cc for cc in cands if self.owners(src.node)[cc] == rank), cands[0])
+                    held = self.owners(src.node)
+                    pick = next((cc for cc in cands if held[cc] == rank), cands[0])
                     tasks.append(Task(i, c, rank, (self.read(src, pick, rank, any_copy=False),), Assemble.COPY))
                 case OpKind.Combine:
                     reads = tuple(self.read(src, with_axis(c, n.op.dim, c[n.op.dim] * d + k), rank)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec
 from ..cost.memory import MemoryTable, memory_table
-from ..cost.model import CostConfig, device_capacity, estimate
+from ..cost.model import CostConfig, device_capacity, step_time
 from ..deadline import check
 from ..errors import UnityError
 from ..ir.blocks import Blocks, blocks, shortened, shortened_limit
@@ -231,11 +231,11 @@ class _Uniforms:
         """The step time on the default grid and on the transposed one (where there is one)."""
         config = self.shaped(train)
         views = default_views(b.pcg)
-        out = [estimate(b.pcg, views, self.cluster, config).step_time]
+        out = [step_time(b.pcg, views, self.cluster, config)]
         tp, dp = b.degrees or (0, 0)
         across = transposed_views(b.pcg, views, tp, dp) if tp > 1 and dp > 1 else None
         if across is not None:
-            out.append(estimate(b.pcg, across, self.cluster, config).step_time)
+            out.append(step_time(b.pcg, across, self.cluster, config))
         return out
 
     def whole(self, k: int, tp: int, dp: int, train: Training) -> Candidate:
