@@ -20,9 +20,11 @@ run-demo: setup
 	$(UNITY) optimize examples/bert_tiny.onnx --cluster cluster_specs/local-cpu.yaml --out plan.json
 	$(VENV)/bin/mpiexec -n 2 $(UNITY) run plan.json --check
 
-# On as many processes as the machine has cores (-n auto: 2 on CI); `pytest FILE` runs serially.
+# On as many processes as the machine has cores (-n auto: 2 on CI), an idle one taking tests
+# from a busy one's queue (--dist worksteal: the slow search tests do not end the run alone);
+# `pytest FILE` runs serially.
 test: setup
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto --dist worksteal
 
 lint: setup
 	$(VENV)/bin/ruff check unity_cli tests benchmarks

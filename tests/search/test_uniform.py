@@ -108,9 +108,9 @@ def test_the_row_is_the_brute_force_best(tmp_path):
     stages, modes = (0, 3), ((Recompute.NONE, 0), (Recompute.FULL, None))
     hand = {}
     for k in (d for d in range(1, batch + 1) if batch % d == 0):
-        total = len(segments(graph_for(k), layout_sources(graph_for(k)))) + 8
         for tp, dp in hybrid_degrees(c.num_devices, batch // k):
             b = hybrid(graph_for(k), tp, dp)
+            total = len(segments(b.pcg, layout_sources(b.pcg)))     # (0: every one)
             for z in stages:
                 for train in [Training(z, k)] + [Training(z, k, Recompute.FULL, s) for s in range(total)]:
                     row = price_hybrid(retrained(b, train), c, replace(config, training=train), mapped=True)
