@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
@@ -93,7 +93,7 @@ class Structure:
     residents: dict[int, tuple[int, ...]]   # trainable weight -> its stored layouts
     num_devices: int
     copies: frozenset[int] = frozenset()    # where a CPU makes a transposing copy (cost.strides.copies)
-    _keys: dict[int, tuple] = field(default_factory=dict, compare=False, repr=False)
+    _keys: dict[int, Hashed] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(pcg: PCG, num_devices: int, loss: str = "auto", copies: frozenset[int] = frozenset()) -> Structure:
@@ -130,7 +130,7 @@ class Structure:
             return (j, self.pcg.nodes[j].inputs[0].node)
         return tuple(sorted({r.node for r in n.inputs}))
 
-    def key(self, i: int) -> tuple:
+    def key(self, i: int) -> Hashed:
         """Everything but the views that :func:`node_moves` of ``i`` depends on, as a hashable
         value (equal nodes of two candidate graphs share it, so their prices are cached):
         the node, the shapes it reads and whether they are data, constants or weights, and
@@ -147,7 +147,7 @@ class Structure:
                  (self.class_axis, out in self.grads, self.num_devices) if i == out.node else None,
                  (pcg.nodes[w].outputs, tuple((r == i, pcg.nodes[r].outputs[0], pcg.nodes[r].spec.is_source)
                                               for r in self.residents[w])) if w is not None else None)
-            self._keys[i] = k
+            k = self._keys[i] = Hashed(k)
         return k
 
     def _reads(self, i: int) -> tuple:
@@ -168,6 +168,27 @@ class Structure:
     def active(self, i: int) -> bool:
         """Whether backward runs for node ``i`` (a gradient reaches one of its outputs)."""
         return any(TensorRef(i, k) in self.grads for k in range(len(self.pcg.nodes[i].outputs)))
+
+
+class Hashed:
+    """A value whose hash is computed once: a price table is looked up by a node's key
+    (:meth:`Structure.key`, deep tuples of shapes and operators) for every node of every
+    candidate a search prices."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: Hashable) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or isinstance(other, Hashed) and self._hash == other._hash and self.value == other.value
+
+    def __reduce__(self):
+        return Hashed, (self.value,)     # hashed again where it lands
 
 
 def itemsize(shape: ParallelTensorShape, dtype: DType) -> int:
