@@ -94,8 +94,8 @@ class _NoSharing(Mapper):
     """The same DP with its memo keyed by subtree identity instead of structure."""
 
     def signature(self, t):
-        _, order = super().signature(t)
-        return str(id(t)), order
+        _, order, where = super().signature(t)
+        return str(id(t)), order, where
 
 
 def test_repeated_layers_are_solved_once(cluster_dir):

@@ -191,8 +191,9 @@ class Mapper:
             self._relevant[k] = frozenset(nodes | {p for i in nodes for p in self.preds[i]})
         return self._relevant[k]
 
-    def signature(self, t: SP) -> tuple[str, tuple[int, ...]]:
-        """A structural key of a subproblem and the order of the nodes it depends on.
+    def signature(self, t: SP) -> tuple[str, tuple[int, ...], dict[int, int]]:
+        """A structural key of a subproblem, the order of the nodes it depends on, and each
+        one's place in it.
 
         Two subtrees with the same key (say, two identical transformer layers) have the
         same optimum for the same devices and the same views of what they read, so the DP
@@ -212,7 +213,7 @@ class Mapper:
                    for r in node.inputs] if n in t.nodes else []
             parts.append(f"{self._node_key(n)}|{ins}|{self._role(n, local) if n in t.nodes else ''}")
         parts.append(_tree_shape(t, local))
-        sig = (hashlib.sha256("\n".join(parts).encode()).hexdigest(), order)
+        sig = (hashlib.sha256("\n".join(parts).encode()).hexdigest(), order, local)
         self._relevant[k] = sig
         return sig
 
@@ -246,8 +247,14 @@ class Mapper:
         return f"{self._relevant[k]}|{[local.get(p) for p in self.preds[n]]}"
 
     def solve(self, t: SP, res: Resources, fixed: Mapping[int, MachineView]) -> tuple[float, dict[int, MachineView]]:
-        sig, order = self.signature(t)
-        key = (sig, res, tuple(fixed.get(n) for n in order))
+        sig, order, where = self.signature(t)
+        # the views fixed among the nodes it depends on, by their places (read off the
+        # shorter of the two: a subtree deep in a long chain has many fixed around it)
+        if len(fixed) < len(order):
+            held = tuple(sorted((where[n], v) for n, v in fixed.items() if n in where))
+        else:
+            held = tuple((j, fixed[n]) for j, n in enumerate(order) if n in fixed)
+        key = (sig, res, held)
         if key in self._memo:
             cost, local = self._memo[key]
             return cost, {order[j]: v for j, v in local.items()}
