@@ -419,7 +419,7 @@ def _simulated(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec, con
     # the step's order recomputes it (ir/recompute.py): the simulation prices it there.
     costs = [c for c, _ in priced]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
-    flat = [(b, sync_calls(b, train.zero)) for b in sync_buckets(pcg, weights, 0, train.zero)]
+    flat = [(b, sync_calls(b)) for b in sync_buckets(pcg, weights, 0, train.zero)]
     fetches = _fetches(ctx, flat)       # ZeRO-3: each pass's gathers, prefetched one ahead
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)

@@ -48,6 +48,7 @@ class SyncBucket:
     weights: tuple[int, ...]
     sizes: tuple[int, ...]         # bytes of each weight's region, in the order of ``weights``
     ready: int
+    zero: int = 0                  # the ZeRO stage its weights are kept under (its calls: sync_calls)
 
     @property
     def nbytes(self) -> int:
@@ -89,12 +90,13 @@ class SyncCall:
     when: SyncWhen = SyncWhen.SYNC
 
 
-def sync_calls(bucket: SyncBucket, zero: int) -> tuple[SyncCall, ...]:
-    """The calls of one bucket under ZeRO stage ``zero`` (``ir/training.py``): an
-    all-reduce in the sync; or a reduce-scatter of the padded flat buffer (in the sync, or
-    from ZeRO-2 on in every micro-batch, once backward has made its gradients) and an
-    all-gather of the weights (after
-    the update on the shard, or under ZeRO-3 before each pass that reads the weight)."""
+def sync_calls(bucket: SyncBucket) -> tuple[SyncCall, ...]:
+    """The calls of one bucket under its ZeRO stage (``ir/training.py``): an all-reduce in
+    the sync; or a reduce-scatter of the padded flat buffer (in the sync, or from ZeRO-2 on
+    in every micro-batch, once backward has made its gradients) and an all-gather of the
+    weights (after the update on the shard, or under ZeRO-3 before each pass that reads the
+    weight)."""
+    zero = bucket.zero
     if zero == 0:
         return (SyncCall(SyncCallKind.ALL_REDUCE, bucket.group, bucket.nbytes),)
     shard = bucket.shard() * bucket.itemsize
@@ -157,7 +159,7 @@ def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zer
                 acc += m[3]
         for k, chunk in enumerate(chunks):
             ready = AFTER_BACKWARD if bucket_bytes == 0 and zero < 2 else -max(m[0] for m in chunk)
-            bucket = SyncBucket(group, dtype, tuple(m[2] for m in chunk), tuple(m[3] for m in chunk), ready)
+            bucket = SyncBucket(group, dtype, tuple(m[2] for m in chunk), tuple(m[3] for m in chunk), ready, zero)
             out.append(((-ready, group, dtype, k), bucket))
     out.sort(key=lambda kb: kb[0])
     return tuple(b for _, b in out)

@@ -29,12 +29,12 @@ def planned_calls(p: Program, me: int, size: int, training: Training = Training(
     # a reduce-scatter at the end of each micro-batch; then those of the sync (an all-reduce,
     # or a reduce-scatter), and after the update the rest (ZeRO's all-gathers)
     buckets = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0, training.zero) if me in b.group]
-    mine = [c for b in buckets for c in sync_calls(b, training.zero)]
+    mine = [c for b in buckets for c in sync_calls(b)]
     # ZeRO-2/3: each bucket reduce-scattered once backward has made its gradients (b.ready)
-    scatters = [(b.ready, _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.MICRO_BATCH]))
+    scatters = [(b.ready, _sync_calls([c for c in sync_calls(b) if c.when is SyncWhen.MICRO_BATCH]))
                 for b in buckets]
     # ZeRO-3: each weight gathered before each pass that reads it
-    gathers = {b.weights[0]: _sync_calls([c for c in sync_calls(b, training.zero) if c.when is SyncWhen.BEFORE_USE])
+    gathers = {b.weights[0]: _sync_calls([c for c in sync_calls(b) if c.when is SyncWhen.BEFORE_USE])
                for b in buckets}
     calls = _micro_batch_calls(p, me, size, StepOrder.of(p, training.recompute, training.recompute_segments),
                                 gathers, scatters) \

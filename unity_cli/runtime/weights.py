@@ -332,7 +332,7 @@ class ParamStore:
             for k, (b, flat) in enumerate(self.buckets):
                 for w in b.weights:
                     self._fill(self._by_node[w], grads)
-                if sync_calls(b, self.zero)[0].kind is SyncCallKind.ALL_REDUCE:
+                if sync_calls(b)[0].kind is SyncCallKind.ALL_REDUCE:
                     self.comm.allreduce(b.group, flat)
                 else:
                     self.comm.reduce_scatter(b.group, flat, self.shards[k][1])
