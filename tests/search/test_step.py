@@ -18,7 +18,7 @@ from unity_cli.ir.recompute import Recompute, segments
 from unity_cli.ir.schedule import layout_sources
 from unity_cli.ir.training import Training
 from unity_cli.onnx_import import ImportOptions, import_model
-from unity_cli.search.baselines import hybrid_degrees, strategy_name
+from unity_cli.search.baselines import hybrid_degrees, hybrid_name, retrained, strategy_name
 from unity_cli.search.optimize import HYBRID, _named_hybrid, best_hybrid, price_hybrid
 from unity_cli.search.step import attention_rewritten, best_uniform, optimize_step
 from unity_cli.substitutions.cache import load_cache
@@ -40,12 +40,12 @@ def _hand_written(graph_for, batch, cluster, config):
     for k in (d for d in range(1, batch + 1) if batch % d == 0):
         for tp, dp in hybrid_degrees(cluster.num_devices, batch // k):
             total = len(segments(graph_for(k), layout_sources(graph_for(k))))
+            laid = _named_hybrid(hybrid_name(tp, dp), graph_for(k), cluster)   # built once, named per shape
             for z in range(4):
                 for r, s in [(r, 0) for r in Recompute] + [(Recompute.FULL, s) for s in range(1, total)]:
                     train = Training(z, k, r, s)
                     name = strategy_name(tp, dp, train)
-                    row = price_hybrid(_named_hybrid(name, graph_for(k), cluster, train), cluster,
-                                       replace(config, training=train), mapped=True)
+                    row = price_hybrid(retrained(laid, train), cluster, replace(config, training=train), mapped=True)
                     if row.report.feasible:
                         got[name] = row.report.step_time
     return got
