@@ -79,3 +79,22 @@ def test_negative_size_refused():
     g, ws = chain(1)
     with pytest.raises(ValueError, match="bucket_bytes"):
         sync_buckets(g, syncs(ws), -1)
+
+
+def test_a_stage_per_weight_buckets_each_stage_apart():
+    """Weights of one group kept under different ZeRO stages never share a buffer: the
+    stage-0 and stage-1 ones each in one flat buffer after backward, every stage-2 and -3
+    one its own bucket as soon as its gradient is whole; one stage for all is the int."""
+    g, ws = chain(6)
+    nodes = [w.node for w in ws]
+    for z in range(4):
+        assert sync_buckets(g, syncs(ws), 0, {n: z for n in nodes}) == sync_buckets(g, syncs(ws), 0, z)
+    stages = {nodes[0]: 0, nodes[1]: 2, nodes[2]: 1, nodes[3]: 3, nodes[4]: 0}     # the last: unnamed, 0
+    buckets = sync_buckets(g, syncs(ws), 0, stages)
+    by_stage = {}
+    for b in buckets:
+        by_stage.setdefault(b.zero, []).append(b.weights)
+    assert by_stage[0] == [(nodes[0], nodes[4], nodes[5])] and by_stage[1] == [(nodes[2],)]
+    assert sorted(by_stage[2] + by_stage[3]) == [(nodes[1],), (nodes[3],)]
+    assert [b.ready for b in buckets if b.zero >= 2] == [ready_index(g, (nodes[3],)), ready_index(g, (nodes[1],))]
+    assert all(b.ready == AFTER_BACKWARD for b in buckets if b.zero < 2)

@@ -21,7 +21,7 @@ all-reduces in one order, as MPI and NCCL require of collectives on one communic
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -125,23 +125,26 @@ def ready_index(pcg: PCG, residents: Iterable[int]) -> int:
     return min((u for r in residents for u, _ in pcg.consumers[r]), default=len(pcg))
 
 
-def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zero: int = 0
+def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zero: int | Mapping[int, int] = 0
                  ) -> tuple[SyncBucket, ...]:
     """The gradient sync's all-reduces, in the order a rank issues them (see the module
-    docstring); ``weights`` in plan order. Every rank computes the same tuple. Under ZeRO-2
-    and 3 (``zero``) each weight is its own bucket, reduce-scattered as soon as its gradient
-    is whole (so no rank holds a whole gradient longer), and under ZeRO-3 the unit gathered
-    before it is read."""
+    docstring); ``weights`` in plan order. Every rank computes the same tuple. ``zero`` is
+    the ZeRO stage of every weight, or of each by its node (0 where it names none): weights
+    of different stages never share a bucket. Under ZeRO-2 and 3 each weight is its own
+    bucket, reduce-scattered as soon as its gradient is whole (so no rank holds a whole
+    gradient longer), and under ZeRO-3 the unit gathered before it is read."""
     if bucket_bytes < 0:
         raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
-    members: dict[tuple[Group, str], list[tuple[int, int, int, int]]] = {}
+    stage = zero.get if isinstance(zero, Mapping) else None
+    members: dict[tuple[Group, str, int], list[tuple[int, int, int, int]]] = {}
     for position, w in enumerate(weights):
         ready = ready_index(pcg, w.residents)
+        z = stage(w.weight, 0) if stage is not None else zero
         for group, nbytes in w.groups:
             if len(group) > 1:
-                members.setdefault((group, w.dtype), []).append((-ready, position, w.weight, nbytes))
+                members.setdefault((group, w.dtype, z), []).append((-ready, position, w.weight, nbytes))
     out: list[tuple[tuple, SyncBucket]] = []
-    for (group, dtype), ms in members.items():
+    for (group, dtype, zero), ms in members.items():
         if zero >= 2:      # each weight's reduce-scatter as soon as backward has made its gradient
             ms.sort()
             chunks = [[m] for m in ms]
@@ -160,6 +163,6 @@ def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zer
         for k, chunk in enumerate(chunks):
             ready = AFTER_BACKWARD if bucket_bytes == 0 and zero < 2 else -max(m[0] for m in chunk)
             bucket = SyncBucket(group, dtype, tuple(m[2] for m in chunk), tuple(m[3] for m in chunk), ready, zero)
-            out.append(((-ready, group, dtype, k), bucket))
+            out.append(((-ready, group, dtype, zero, k), bucket))
     out.sort(key=lambda kb: kb[0])
     return tuple(b for _, b in out)
