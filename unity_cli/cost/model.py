@@ -429,7 +429,7 @@ def _simulated(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec, con
     before = simulate(pcg, devs, costs, layout, cluster.num_devices, ctx.order, (out_devs, loss), fetches=fetches) \
         if train.micro_batches > 1 else []
     span = max((e.end for e in before), default=0.0)
-    if before and train.zero >= 2:      # ZeRO-2: each ends with its reduce-scatters
+    if before and any(b.zero >= 2 for b, _ in flat):    # ZeRO-2, 3: each ends with its reduce-scatters
         before += _at_once_events(ctx, flat, span, SyncWhen.MICRO_BATCH)
         span = max(e.end for e in before)
     best, tried = None, set()
@@ -469,8 +469,8 @@ def _call_move(c) -> Move:
 def _fetches(ctx: CostContext, flat: FlatCalls) -> list[Fetch]:
     """ZeRO-3's gathers of one micro-batch (``SyncWhen.BEFORE_USE``) as the runtime makes them:
     each pass's, started where the gather before it is needed (``ir/recompute.gathers``)."""
-    zero, cluster, profile = ctx.config.training.zero, ctx.cluster, ctx.config.profile
-    if zero < 3:
+    cluster, profile = ctx.cluster, ctx.config.profile
+    if not any(b.zero >= 3 for b, _ in flat):
         return []
     by_weight: dict[int, list[tuple[tuple[int, ...], float, float]]] = {}
     priced: dict[tuple, float] = {}
@@ -511,7 +511,7 @@ def _after_update(ctx: CostContext, flat: FlatCalls, done: np.ndarray) -> tuple[
     updated them (buckets of one size and group size at once, as the flat sync's classes)."""
     finish = np.array(done, dtype=float)
     events: list[Event] = []
-    if not ctx.config.training.zero:
+    if not any(b.zero for b, _ in flat):
         return finish, events        # an all-reduce leaves nothing for after the update
     for devices, seconds in _at_once(ctx, flat, SyncWhen.AFTER_UPDATE):
         ds = device_array(devices)
@@ -644,8 +644,8 @@ def _update_time(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         bandwidth = np.array([ty.memory_bandwidth for ty in types])[index[ix]]
         t[ix] += sync_copy_seconds(copied[ix], bandwidth)
     sharded: dict[int, set[int]] = {}     # weight -> the devices that update it by shards
-    if config.training.zero:
-        for b, _ in flat:
+    for b, _ in flat:
+        if b.zero:      # its members update their shards of its flat buffer
             for w in b.weights:
                 sharded.setdefault(w, set()).update(b.group)
             shard = b.shard()
