@@ -68,7 +68,7 @@ def _route(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> tuple[Link,
 @functools.lru_cache(maxsize=1 << 14)
 def _routed(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -> tuple[Link, str | None, int]:
     """:func:`_route`, cached: a search prices the same groups of devices over and over."""
-    node = _nodes(cluster)
+    node = device_nodes(cluster)
     on = [np.unique(node[np.fromiter(g, dtype=np.intp, count=len(g))]) for g in groups]
     spanning = [k for k, nodes in enumerate(on) if len(nodes) > 1]
     if not spanning:
@@ -81,7 +81,7 @@ def _routed(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -> tuple[
 
 
 @functools.lru_cache(maxsize=8)
-def _nodes(cluster: ClusterSpec) -> np.ndarray:
+def device_nodes(cluster: ClusterSpec) -> np.ndarray:
     """Each device's node (``cluster.node_of``), as an array."""
     return np.repeat(np.arange(len(cluster.nodes)), [n.devices for n in cluster.nodes])
 

@@ -58,7 +58,7 @@ from ..ir.schedule import (
     trainable,
 )
 from ..ir.shapes import ParallelTensorShape
-from .comm import groups_time, link_for
+from .comm import device_nodes, groups_time, link_for
 
 if TYPE_CHECKING:
     from .profile import Profile
@@ -491,7 +491,7 @@ def _links(cluster: ClusterSpec, profile: Profile | None) -> tuple[np.ndarray, n
     """Each device's node, and the bandwidth and latency of a message by its kind: 0 to
     itself, ``1 + k`` inside node ``k``, ``1 + len(nodes)`` across nodes (``comm.link_for``
     of such a pair: every pair of one kind takes the same link)."""
-    node = np.array([cluster.node_of(d) for d in range(cluster.num_devices)], dtype=np.intp)
+    node = device_nodes(cluster)
     links = [link_for(cluster, (0,), profile)]
     for k, spec in enumerate(cluster.nodes):
         first = cluster.device_offsets[k]

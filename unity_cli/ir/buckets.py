@@ -135,17 +135,17 @@ def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zer
     gradient longer), and under ZeRO-3 the unit gathered before it is read."""
     if bucket_bytes < 0:
         raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
-    stage = zero.get if isinstance(zero, Mapping) else None
+    stages = zero if isinstance(zero, Mapping) else None
     members: dict[tuple[Group, str, int], list[tuple[int, int, int, int]]] = {}
     for position, w in enumerate(weights):
         ready = ready_index(pcg, w.residents)
-        z = stage(w.weight, 0) if stage is not None else zero
+        z = zero if stages is None else stages.get(w.weight, 0)
         for group, nbytes in w.groups:
             if len(group) > 1:
                 members.setdefault((group, w.dtype, z), []).append((-ready, position, w.weight, nbytes))
     out: list[tuple[tuple, SyncBucket]] = []
-    for (group, dtype, zero), ms in members.items():
-        if zero >= 2:      # each weight's reduce-scatter as soon as backward has made its gradient
+    for (group, dtype, z), ms in members.items():
+        if z >= 2:      # each weight's reduce-scatter as soon as backward has made its gradient
             ms.sort()
             chunks = [[m] for m in ms]
         elif bucket_bytes == 0:
@@ -161,8 +161,8 @@ def sync_buckets(pcg: PCG, weights: Sequence[WeightSync], bucket_bytes: int, zer
                 chunks[-1].append(m)
                 acc += m[3]
         for k, chunk in enumerate(chunks):
-            ready = AFTER_BACKWARD if bucket_bytes == 0 and zero < 2 else -max(m[0] for m in chunk)
-            bucket = SyncBucket(group, dtype, tuple(m[2] for m in chunk), tuple(m[3] for m in chunk), ready, zero)
-            out.append(((-ready, group, dtype, zero, k), bucket))
+            ready = AFTER_BACKWARD if bucket_bytes == 0 and z < 2 else -max(m[0] for m in chunk)
+            bucket = SyncBucket(group, dtype, tuple(m[2] for m in chunk), tuple(m[3] for m in chunk), ready, z)
+            out.append(((-ready, group, dtype, z, k), bucket))
     out.sort(key=lambda kb: kb[0])
     return tuple(b for _, b in out)
