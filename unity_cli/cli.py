@@ -164,11 +164,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _training(strategy: str, zero: str, micro_batches: str, recompute: str, devices: int
-              ) -> tuple[int | None, int | None, Any]:
+              ) -> tuple[int | None, int | None, Any, tuple[tuple[str, int], ...]]:
     """The ZeRO stage, micro-batches and recomputation the options fix (``ir/training.py``;
-    None where the search chooses): ``--strategy tp=..,dp=..`` names all three (its zero=,
-    mb= and recompute=, else the defaults); ``--zero``, ``--micro-batches`` and
-    ``--recompute`` fix each on its own."""
+    None where the search chooses), and the stages named per weight: ``--strategy
+    tp=..,dp=..`` names all (its zero=, zero[NAMES]=, mb= and recompute=, else the
+    defaults); ``--zero``, ``--micro-batches`` and ``--recompute`` fix each on its own."""
     from .ir.recompute import parse_recompute
     from .search.baselines import is_hybrid, parse_strategy, whole_number
 
@@ -182,14 +182,14 @@ def _training(strategy: str, zero: str, micro_batches: str, recompute: str, devi
         if zero != "auto" or k is not None or recompute != "auto":
             raise UsageError(f"--strategy {strategy[:200]}: give zero=, mb= and recompute= in it, not --zero, "
                              "--micro-batches or --recompute")
-        return named.zero, named.micro_batches, (named.recompute, named.recompute_segments)
+        return named.zero, named.micro_batches, (named.recompute, named.recompute_segments), named.zero_by_weight
     if recompute == "auto":
-        return (None if zero == "auto" else int(zero)), k, None
+        return (None if zero == "auto" else int(zero)), k, None, ()
     try:
         mode = parse_recompute(recompute)
     except ValueError as e:
         raise UsageError(f"--recompute {recompute[:40]!r}: {e} or auto") from None
-    return (None if zero == "auto" else int(zero)), k, mode
+    return (None if zero == "auto" else int(zero)), k, mode, ()
 
 
 def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -299,8 +299,8 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     if report_path:
         check_output("--report", report_path, {**reads, "plan (--out)": out_path})
     cluster = load_cluster(cluster_path) if spec else local_cluster()   # (SPEC:N sizes a spec)
-    fixed_zero, fixed_micro, fixed_recompute = _training(strategy, zero, micro_batches, recompute,
-                                                         cluster.num_devices)
+    fixed_zero, fixed_micro, fixed_recompute, by_weight = _training(strategy, zero, micro_batches, recompute,
+                                                                    cluster.num_devices)
     if bucket:      # buckets asked for: ZeRO's sync runs flat, so none
         if fixed_zero:
             raise UsageError("--sync-bucket: ZeRO's sync runs flat after backward; give --zero 0 to bucket it")
@@ -348,8 +348,8 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
 
     try:
         result, k = optimize_step(graph_for, global_batch, cluster, config, strategy, fixed_zero,
-                                  fixed_micro, fixed_recompute, rules=rules.rules, budget=budget, alpha=alpha,
-                                  progress=report, max_candidates=max_candidates, started=started)
+                                  fixed_micro, fixed_recompute, by_weight, rules=rules.rules, budget=budget,
+                                  alpha=alpha, progress=report, max_candidates=max_candidates, started=started)
     finally:
         progress.close()
     imported = micro[k]

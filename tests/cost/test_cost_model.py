@@ -312,6 +312,28 @@ def test_zero3_shards_the_weights_and_gathers_each_for_forward_and_again_for_bac
     assert three.training == Training(3)
 
 
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_each_weight_is_priced_at_its_own_stage(tiny_mlp, dgx8, devices):
+    """w1 at ZeRO-3, w2 at the step's ZeRO-1 (``Training.zero_by_weight``): w1 sends its
+    reduce-scatter and two gathers per micro-batch on its own, w2 a ZeRO-1 reduce-scatter and
+    gather of its own flat buffer; each replica keeps w1's shard and w2 whole (padded). Named
+    for every weight, a stage prices as that stage does for the whole step."""
+    pcg = import_model(tiny_mlp, ImportOptions(12)).pcg
+    cluster = dgx8.first(devices)
+    plain = _dp(pcg, cluster).report
+    mixed = CostConfig(training=Training(1, zero_by_weight=(("w1", 3),)))
+    report = _dp(pcg, cluster, mixed).report
+    w1, w2 = _ceil(16 * 32, devices), _ceil(32 * 8, devices)     # each one's padded shard
+    assert [b - a for a, b in zip(plain.comm_bytes, report.comm_bytes)] == \
+        [(devices - 1) * 4 * (3 * w1 + 2 * w2) - round(Fraction(2 * (devices - 1) * PARAMS * 4, devices))] * devices
+    assert _parts(pcg, cluster, mixed)["weights"] == 4 * (w1 + w2 * devices)
+    assert report.training == mixed.training
+    for base, z in ((0, 3), (1, 2), (3, 0), (2, 1)):
+        named = _dp(pcg, cluster, CostConfig(training=Training(base, 2, zero_by_weight=(("w*", z),)))).report
+        same = _dp(pcg, cluster, CostConfig(training=Training(z, 2))).report
+        assert (named.step_time, named.memory, named.comm_bytes) == (same.step_time, same.memory, same.comm_bytes)
+
+
 def test_zero3_with_recomputation_keeps_shards_alone():
     """On the small GPT over 4 replicas: with every reader of a block's weights recomputed,
     ZeRO-3 keeps a block weight's shard alone, so it holds less than ZeRO-2 there, and pays

@@ -175,13 +175,16 @@ def test_random_views_of_every_parallel_op(clusters, shape):
             assert_bytes_equal(g, random_views(g, n, rng), n)
 
 
-STEPS = [Training(0, 2), Training(1, 1), Training(1, 3)]
+STEPS = [Training(0, 2), Training(1, 1), Training(1, 3),
+         Training(1, 2, zero_by_weight=(("w1", 3), ("w2", 2))),       # weights kept at different stages
+         Training(3, 1, zero_by_weight=(("w0", 0), ("w", 2), ("w[2-9]", 1)))]
 
 
 @pytest.mark.parametrize("shape", [(1, 2), (1, 3), (2, 2), (2, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_micro_batches_and_zero_send_what_the_step_predicts(clusters, shape):
-    """The bytes ``estimate`` predicts for a step of several micro-batches, or under ZeRO-1
-    (the padded reduce-scatter and all-gather of each group's flat buffer), are the bytes the
+    """The bytes ``estimate`` predicts for a step of several micro-batches, or under ZeRO
+    (the padded reduce-scatter and all-gather of each group's flat buffer; each weight's
+    gathers; weights kept at different stages), are the bytes the
     runtime's calls for that step send (``planned_sent`` with the same ``Training``), device
     for device, on random views of every parallel op."""
     cluster = clusters[shape]

@@ -108,13 +108,14 @@ CLUSTERS = [(1, 2), (1, 4), (1, 6), (2, 3), (3, 2), (2, 2)]
 
 
 STEPS = [Training(), Training(1, 3), Training(2, 3, Recompute.SELECTIVE), Training(3, 2),
-         Training(3, 2, Recompute.FULL)]
+         Training(3, 2, Recompute.FULL),
+         Training(1, 2, zero_by_weight=(("w1", 3), ("table", 3), ("[ab]", 2), ("w", 0)))]
 
 
 @pytest.mark.parametrize("name,make", SMALL, ids=[s[0] for s in SMALL])
 @pytest.mark.parametrize("shape", CLUSTERS, ids=[f"{a}x{b}" for a, b in CLUSTERS])
 @pytest.mark.parametrize("step", STEPS, ids=["plain", "zero1-mb3", "zero2-mb3-selective", "zero3-mb2",
-                                             "zero3-mb2-recompute"])
+                                             "zero3-mb2-recompute", "zero-per-weight-mb2"])
 def test_solver_equals_brute_force(name, make, shape, step):
     """With the step's options too (ZeRO-1 shrinks a replicated weight's optimizer state and
     update; micro-batches multiply compute and resharding, not the sync, but ZeRO-2's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -207,7 +207,7 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
     facts = _facts(pcg, layout)
     stored, saved, keeps, synced, scaled = facts.stored, facts.saved, facts.keeps, facts.synced, facts.scaled
     num_devices = cluster.num_devices
-    per_param, zero = config.weight_bytes, config.training.zero
+    per_param, stages = config.weight_bytes, config.training.stages(pcg)
     segs = segments(pcg, layout) if segs is None else segs
     grads = needs_grad(pcg, pcg.outputs[0]) if grads is None else grads
     again_sets = recomputed(pcg, layout, grads, config.training.recompute, 0, segs)
@@ -252,7 +252,7 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         src = layout[i]
         c = cols.of_devices(devs[i])
         if src is not None and isinstance(pcg.nodes[src].op, WeightAttrs) and pcg.nodes[src].op.trainable:
-            at = cols.array(c)
+            at, zero = cols.array(c), stages[src]
             for part, nbytes in per_param.breakdown(shape.piece.numel, shape.copy_degree, zero).items():
                 if synced[src] or part != "gradients":      # an unsynced one's: made by backward
                     both(home.get(i), part, c, nbytes)
@@ -345,8 +345,8 @@ def memory_table(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int
         sums.add(workspace, (s,), c, gathered)
     sums.spread(cols)
     fixed[PART["inputs and constants"]] += target_bytes(pcg, config)
-    ahead, behind = _in_flight(pcg, devs, layout, stored, keeps, own, grads, synced, segs, cols, config)
-    return MemoryTable(fixed, kept, again, workspace, tuple(joint), first + second if zero >= 3 else None,
+    ahead, behind = _in_flight(pcg, devs, layout, stored, keeps, own, grads, synced, segs, cols, config, stages)
+    return MemoryTable(fixed, kept, again, workspace, tuple(joint), first + second if stages.most >= 3 else None,
                        ahead, behind, Scratch(largest, flat[0], flat[1:], update_chunks(cluster)),
                        config.training.recompute is Recompute.SELECTIVE)
 
@@ -375,7 +375,7 @@ def step_bytes(pcg: PCG, cluster: ClusterSpec, config: CostConfig) -> float:
     sources = sum(math.prod(n.outputs[0].sizes) * n.outputs[0].dtype.itemsize for _, n in pcg
                   if n.spec.is_source and not (isinstance(n.op, WeightAttrs) and n.op.trainable))
     sizes = [math.prod(n.outputs[0].sizes) for _, n in pcg if isinstance(n.op, WeightAttrs) and n.op.trainable]
-    update = (max(sizes, default=0) if config.training.zero == 0 else sum(sizes))    # a weight, or a flat shard
+    update = (max(sizes, default=0) if not config.training.sharded else sum(sizes))    # a weight, or a flat shard
     return float(sources + target_bytes(pcg, config) + 4 * min(update, int(update_chunks(cluster).max())))
 
 
@@ -408,8 +408,8 @@ def _synced(pcg: PCG, layout: Sequence[int | None], stored: Sequence[bool]) -> d
 
 def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int | None], stored: Sequence[bool],
                keeps: dict[int, dict[int, int]], own: dict[int, list[tuple[int, int, int]]], grads: frozenset,
-               synced: dict[int, bool], segs: Sequence[Sequence[int]], cols: _Columns, config: CostConfig
-               ) -> tuple[np.ndarray, np.ndarray | None]:
+               synced: dict[int, bool], segs: Sequence[Sequence[int]], cols: _Columns, config: CostConfig,
+               stages: Mapping[int, int]) -> tuple[np.ndarray, np.ndarray | None]:
     """What the account's parts, each a sum over the step, leave out: ``[device]``, the most
     bytes alive at one step of forward of the values no context keeps (from their node to
     their last reader; a recomputed segment's forward holds no more than its recompute, the
@@ -418,7 +418,7 @@ def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int |
     not yet used: an activation's from the backward of its last reader to its node's, an
     unsynced weight's from its last reader's to the update, and under ZeRO-2/3 a replicated
     weight's from its last reader's to its first's, where it is reduce-scattered out of a
-    flat buffer of its size (``ir/buckets.py``).
+    flat buffer of its size (``ir/buckets.py``; ``stages``: each weight's ZeRO stage).
     Backward frees an operator's context (``own``) as it runs it, so a segment's count is
     of the gradients less the contexts of its operators already run then. Without segments,
     the forward's and backward's most together as the first."""
@@ -441,7 +441,7 @@ def _in_flight(pcg: PCG, devs: Sequence[tuple[int, ...]], layout: Sequence[int |
                 continue
             if not synced[layout[i]]:
                 alive(1, 0, last, at, grad_bytes * shape.piece.numel)
-            elif config.training.zero >= 2 and shape.copy_degree > 1:
+            elif stages[layout[i]] >= 2 and shape.copy_degree > 1:
                 first = min(readers)
                 alive(1, first, last, at, grad_bytes * shape.piece.numel)
                 alive(1, first, first, at,

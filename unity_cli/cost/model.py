@@ -418,7 +418,7 @@ def _simulated(pcg: PCG, views: Sequence[MachineView], cluster: ClusterSpec, con
     # the step's order recomputes it (ir/recompute.py): the simulation prices it there.
     costs = [c for c, _ in priced]
     weights = weight_syncs(ctx.structure, [ms for _, ms in priced])
-    flat = [(b, sync_calls(b)) for b in sync_buckets(pcg, weights, 0, train.zero)]
+    flat = [(b, sync_calls(b)) for b in sync_buckets(pcg, weights, 0, train.stages(pcg))]
     fetches = _fetches(ctx, flat)       # ZeRO-3: each pass's gathers, prefetched one ahead
     out_devs = devs[pcg.outputs[0].node]
     loss = loss_seconds(pcg.shape(pcg.outputs[0]), ctx.structure.class_axis, cluster.device_type(out_devs[0]), config)
@@ -563,7 +563,7 @@ def sync_bucket_choices(cluster: ClusterSpec, config: CostConfig) -> tuple[int, 
     """The bucket sizes a step is priced with (the fastest wins): the config's, else flat, and
     the sizes of :data:`SYNC_BUCKETS` where the profile measured an all-reduce hiding under
     compute on one of the cluster's device types."""
-    if config.training.zero:    # ZeRO's reduce-scatter runs flat, after backward
+    if config.training.sharded:    # ZeRO's reduce-scatter runs flat, after backward
         return (0,)
     if config.sync_bucket is not None:
         return (config.sync_bucket,)

@@ -6,8 +6,9 @@ once, here:
 
 * :class:`Training` is the step's shape: ``micro_batches`` forward and backward passes
   whose gradients add up before one sync and one update (gradient accumulation; the plan's
-  graph is built at the micro-batch size), the ZeRO ``zero`` stage of every weight that
-  data-parallel replicas keep, and what backward recomputes (``ir/recompute.py``).
+  graph is built at the micro-batch size), the ZeRO stage of each weight that
+  data-parallel replicas keep (``zero``, and ``zero_by_weight`` where some weights are
+  kept otherwise), and what backward recomputes (``ir/recompute.py``).
 * :class:`WeightBytes` is the bytes of one parameter by what holds them (the weight the
   kernels read, its gradient, its fp32 master copy, its optimizer states), and which of
   them a ZeRO stage shards over the replicas.
@@ -37,13 +38,20 @@ ZeRO stages (Rajbhandari et al., SC'20), as built:
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .dtypes import DType
 from .recompute import Recompute
+
+if TYPE_CHECKING:
+    from .pcg import PCG
 
 ZERO_STAGES = (0, 1, 2, 3)
 """The ZeRO stages unity plans and runs (see the module docstring)."""
@@ -57,11 +65,20 @@ class Training:
     micro_batches: int = 1
     recompute: Recompute = Recompute.NONE
     recompute_segments: int = 0     # recompute only the first this many segments (0: every one)
+    zero_by_weight: tuple[tuple[str, int], ...] = ()
+    """(pattern, stage): the weights whose names match the pattern (``fnmatch``: ``*``,
+    ``?``, ``[...]``; :func:`literal` makes one name a pattern) are kept at that stage; the
+    last pattern that matches a weight's name gives its stage, and ``zero`` the rest's."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", Recompute(self.recompute))
-        if self.zero not in ZERO_STAGES:
-            raise ValueError(f"zero={self.zero}: stages {', '.join(map(str, ZERO_STAGES))} are built")
+        object.__setattr__(self, "zero_by_weight", tuple((str(p), int(z)) for p, z in self.zero_by_weight))
+        for pattern, z in ((None, self.zero), *self.zero_by_weight):
+            if z not in ZERO_STAGES:
+                at = f"[{pattern}]" if pattern is not None else ""
+                raise ValueError(f"zero{at}={z}: stages {', '.join(map(str, ZERO_STAGES))} are built")
+            if pattern is not None and not pattern:
+                raise ValueError("zero[]: a weight name pattern is empty")
         if self.micro_batches < 1:
             raise ValueError(f"micro_batches={self.micro_batches}: must be at least 1")
         if self.recompute_segments < 0 or self.recompute_segments and self.recompute is Recompute.NONE:
@@ -77,11 +94,39 @@ class Training:
     def default(self) -> bool:
         return self == Training()
 
-    def to_json(self) -> dict[str, int]:
+    @property
+    def sharded(self) -> bool:
+        """Whether some weight may be kept under ZeRO (its sync is then flat, after backward)."""
+        return self.zero > 0 or any(z for _, z in self.zero_by_weight)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether weights may be kept at different stages."""
+        return any(z != self.zero for _, z in self.zero_by_weight)
+
+    @property
+    def zero_text(self) -> str:
+        """``ZeRO-1``, or where weights are kept otherwise ``ZeRO-1, ZeRO-3 for *embed*``
+        (past two patterns of a stage, their count)."""
+        parts = [f"ZeRO-{self.zero}"]
+        for z in sorted({z for _, z in self.zero_by_weight} - {self.zero}):
+            named = [p for p, s in self.zero_by_weight if s == z]
+            parts.append(f"ZeRO-{z} for {', '.join(named) if len(named) <= 2 else f'{len(named)} named weights'}")
+        return ", ".join(parts)
+
+    def stages(self, pcg: PCG) -> Stages:
+        """Each trainable weight's ZeRO stage, by its node in ``pcg``."""
+        if not self.mixed:
+            return Stages(self.zero, {})
+        return Stages(self.zero, weight_stages(weight_names(pcg).items(), self.zero, self.zero_by_weight))
+
+    def to_json(self) -> dict[str, int | list[list[str | int]]]:
         """The fields that differ from the default (a plan made without them stays the same)."""
-        out = {}
+        out: dict[str, int | list[list[str | int]]] = {}
         if self.zero:
             out["zero"] = self.zero
+        if self.zero_by_weight:
+            out["zero_by_weight"] = [[p, z] for p, z in self.zero_by_weight]
         if self.micro_batches != 1:
             out["micro_batches"] = self.micro_batches
         if self.recompute is not Recompute.NONE:
@@ -92,14 +137,83 @@ class Training:
 
     def describe(self) -> str:
         parts = []
-        if self.zero:
-            parts.append(f"ZeRO-{self.zero}")
+        if self.sharded:
+            parts.append(self.zero_text)
         if self.micro_batches > 1:
             parts.append(f"{self.micro_batches} micro-batches")
         if self.recompute is not Recompute.NONE:
             first = f" of the first {self.recompute_segments} segments" if self.recompute_segments else ""
             parts.append(f"{self.recompute.value} recomputation{first}")
         return ", ".join(parts)
+
+
+class Stages(Mapping[int, int]):
+    """Each trainable weight's ZeRO stage by its node (``zero`` for any node it does not list)."""
+
+    __slots__ = ("zero", "_by_node")
+
+    def __init__(self, zero: int, by_node: dict[int, int]):
+        self.zero = zero
+        self._by_node = by_node
+
+    def __getitem__(self, node: int) -> int:
+        return self._by_node.get(node, self.zero)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_node)
+
+    def __len__(self) -> int:
+        return len(self._by_node)
+
+    @property
+    def most(self) -> int:
+        """The highest stage of any weight."""
+        return max(self._by_node.values(), default=self.zero)
+
+
+_META = re.compile(r"([*?[])")
+_ESCAPED = re.compile(r"\[([*?[])\]")
+
+
+def literal(name: str) -> str:
+    """A pattern that matches the weight name ``name`` alone (``*``, ``?`` and ``[`` bracketed)."""
+    return _META.sub(r"[\1]", name)
+
+
+def weight_names(pcg: PCG) -> dict[int, str]:
+    """The name of each trainable weight of ``pcg``, by its node."""
+    from .ops.sources import WeightAttrs
+    return {i: n.name for i, n in pcg if isinstance(n.op, WeightAttrs) and n.op.trainable}
+
+
+def unmatched(by_weight: Iterable[tuple[str, int]], pcg: PCG) -> int | None:
+    """The index of the first (pattern, stage) whose pattern names no trainable weight of
+    ``pcg`` (None: each names one)."""
+    names = weight_names(pcg).values()
+    return next((k for k, (pattern, _) in enumerate(by_weight)
+                 if not any(fnmatchcase(name, pattern) for name in names)), None)
+
+
+def weight_stages(names: Iterable[tuple[int, str]], zero: int, by_weight: tuple[tuple[str, int], ...]
+                  ) -> dict[int, int]:
+    """Each weight's stage, by its key in ``names`` (key, name) (see :attr:`Training.zero_by_weight`).
+    A pattern that is one name is looked up, the others matched."""
+    exact: dict[str, tuple[int, int]] = {}
+    globs: list[tuple[int, str, int]] = []
+    for k, (pattern, z) in enumerate(by_weight):
+        name = _ESCAPED.sub(r"\1", pattern)
+        if literal(name) == pattern:
+            exact[name] = (k, z)
+        else:
+            globs.append((k, pattern, z))
+    out = {}
+    for key, name in names:
+        k, z = exact.get(name, (-1, zero))
+        for at, pattern, stage in globs:
+            if at > k and fnmatchcase(name, pattern):
+                k, z = at, stage
+        out[key] = z
+    return out
 
 
 def shard_elements(numel: int, group: int) -> int:

@@ -23,7 +23,7 @@ from ..ir.machine_view import MachineView, check_view, devices_used
 from ..ir.opspec import OpKind, attrs_from_json, attrs_to_json
 from ..ir.recompute import Recompute
 from ..ir.shapes import ParallelDim, ParallelTensorShape
-from ..ir.training import ZERO_STAGES, Training
+from ..ir.training import ZERO_STAGES, Training, unmatched
 from ..ir.validate import problems
 from ..jsonfile import read_json
 
@@ -111,7 +111,8 @@ class Plan:
         defaults in plans that do not name them)."""
         return Training(int(self.config.get("zero", 0)), int(self.config.get("micro_batches", 1)),
                         Recompute(self.config.get("recompute", Recompute.NONE)),
-                        int(self.config.get("recompute_segments", 0)))
+                        int(self.config.get("recompute_segments", 0)),
+                        tuple((p, z) for p, z in self.config.get("zero_by_weight", ())))
 
     @property
     def comm_bytes(self) -> list[int] | None:
@@ -206,9 +207,24 @@ def _bad_config(config: Any) -> str:
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1 << 20 or n and r == Recompute.NONE:
         return (f"config.recompute_segments: expected a whole number of segments >= 0 (with recompute "
                 f"full or selective), got {n!r}")
-    if z and b:
+    by_weight = config.get("zero_by_weight", [])
+    if not isinstance(by_weight, list) or not all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and e[0] and not isinstance(e[1], bool)
+            and e[1] in ZERO_STAGES for e in by_weight):
+        return (f"config.zero_by_weight: expected a list of [weight name pattern, ZeRO stage "
+                f"({', '.join(map(str, ZERO_STAGES))})], got {str(by_weight)[:200]}")
+    if (z or any(e[1] for e in by_weight)) and b:
         return "config.zero: ZeRO's sync runs flat, but config.sync_bucket_bytes names buckets"
     return ""
+
+
+def _unmatched(config: dict, pcg: PCG) -> str:
+    """The first of ``config.zero_by_weight``'s patterns that names no trainable weight of
+    ``pcg`` ('' if each names one)."""
+    by_weight = config.get("zero_by_weight", [])
+    k = unmatched(by_weight, pcg)
+    return f"config.zero_by_weight[{k}]: {by_weight[k][0]!r} names no trainable weight of the plan's graph" \
+        if k is not None else ""
 
 
 def plan_from_json(data: Any) -> Plan:
@@ -257,7 +273,7 @@ def plan_from_json(data: Any) -> Plan:
             why = str(e)
         if why:
             raise PlanError(f"pcg.nodes[{i}].view: {why}")
-    why = _disagreement(data, pcg) or _bad_config(data["config"])
+    why = _disagreement(data, pcg) or _bad_config(data["config"]) or _unmatched(data["config"], pcg)
     if why:
         raise PlanError(why)
     return Plan(data["model"], cluster, data["config"], data["strategy"], pcg, tuple(views), data["predicted"],

@@ -4,12 +4,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from ..cluster.spec import ClusterSpec
 from ..cluster.units import format_bytes as fmt_bytes
 from ..cost.model import CostContext, estimate, layout_sources, memory_account, node_cost_and_moves, weight_syncs
 from ..ir.buckets import sync_buckets
 from ..ir.recompute import Recompute
+from ..ir.training import Training
 from ..plan.config import plan_config
 from ..plan.plan import Plan
 from ..runtime.phases import predicted_phases_ms
@@ -60,9 +62,12 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     micro = {b.get("micro_batches", 1) for b in plan.baselines.values()}
     if micro != {1} and len(micro) == 1:
         lines.append(f"  every row: {micro.pop()} micro-batches of {plan.model.get('batch_size')} per step")
-    for z in sorted({b["zero"] for b in plan.baselines.values() if b.get("zero")}):
-        names = [name for name, b in plan.baselines.items() if b.get("zero") == z]
-        lines.append(f"  with ZeRO-{z} ({ZERO_WORDS[z]}): {', '.join(names)}")
+    stages = {name: Training(b.get("zero", 0), zero_by_weight=tuple(map(tuple, b.get("zero_by_weight", ()))))
+              for name, b in plan.baselines.items()}
+    for t in sorted({t for t in stages.values() if t.sharded}, key=lambda t: (t.zero, t.zero_by_weight)):
+        names = [name for name, s in stages.items() if s == t]
+        words = "each weight at the stage of the last pattern naming it" if t.mixed else ZERO_WORDS[t.zero]
+        lines.append(f"  with {t.zero_text} ({words}): {', '.join(names)}")
     again = [name for name, b in plan.baselines.items() if b.get("recompute")]
     if again:
         lines.append(f"  recomputing activations in backward: {', '.join(again)}")
@@ -115,16 +120,22 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     return "\n".join(lines)
 
 
-def sync_summary(plan: Plan) -> dict[str, int]:
+def sync_summary(plan: Plan) -> dict[str, Any]:
     """The plan's gradient sync as its ranks run it (``ir/buckets.py``): its bucket bytes
     (0: flat), how many all-reduces (under ZeRO, reduce-scatters) a step makes, their bytes
-    in all, and its ZeRO stage."""
+    in all, and its ZeRO stage; where weights are kept at different stages, ``stages``: the
+    same counts per stage."""
     ctx = CostContext.of(plan.pcg, plan.cluster, plan_config(plan))    # (the prices the search made)
     st = ctx.structure
     moves = [node_cost_and_moves(ctx, i, plan.views)[1] if i in st.sync else () for i in range(len(plan.pcg))]
-    buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes, plan.training.zero)
-    return {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
-            "bytes": sum(b.nbytes for b in buckets), "zero": plan.training.zero}
+    buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes, plan.training.stages(plan.pcg))
+    out: dict[str, Any] = {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
+                           "bytes": sum(b.nbytes for b in buckets), "zero": plan.training.zero}
+    if len({b.zero for b in buckets}) > 1:
+        out["stages"] = {str(z): {"all_reduces": sum(b.zero == z for b in buckets),
+                                  "bytes": sum(b.nbytes for b in buckets if b.zero == z)}
+                         for z in sorted({b.zero for b in buckets})}
+    return out
 
 
 def step_text(plan: Plan) -> str:
@@ -136,7 +147,9 @@ def step_text(plan: Plan) -> str:
         whole = f"global batch {batch * t.micro_batches} = " if batch else ""
         parts.append(f"{whole}{t.micro_batches} micro-batches of {batch or '?'}, gradients accumulated, "
                      "one sync and update per step")
-    if t.zero:
+    if t.mixed:
+        parts.append(f"ZeRO per weight: {t.zero_text} (each weight at the stage of the last pattern naming it)")
+    elif t.sharded:
         parts.append(f"ZeRO-{t.zero}: {ZERO_WORDS[t.zero]}")
     if t.recompute is not Recompute.NONE:
         parts.append(f"{t.recompute} recomputation: {RECOMPUTE_WORDS[t.recompute]}")
@@ -198,7 +211,10 @@ def placement_text(group: Mapping, shown: int = 3, width: int = 40) -> str:
     return f"{devices_label(group['devices'])}: {', '.join(names[:shown])}{more}"
 
 
-def sync_text(sync: Mapping[str, int]) -> str:
+def sync_text(sync: Mapping[str, Any]) -> str:
+    if "stages" in sync:     # weights kept at different stages: each stage's calls
+        rest = {k: v for k, v in sync.items() if k != "stages"}
+        return "; ".join(sync_text({**rest, **counts, "zero": int(z)}) for z, counts in sync["stages"].items())
     n, size = sync["all_reduces"], fmt_bytes(sync["bytes"])
     z = sync.get("zero", 0)
     if z >= 3:

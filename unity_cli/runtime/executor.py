@@ -56,7 +56,8 @@ def build_executor(pcg: PCG, views: Sequence[MachineView], class_axis: int | Non
     program = build_program(pcg, views, class_axis)
     comm = TimedComm(make_comm(backend, world))
     comm.setup_groups(program.groups)
-    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes, training.zero)
+    params = ParamStore(program, comm, xp, trainable, Optimizer(optimizer, xp), bucket_bytes,
+                        training.stages(program.pcg))
     return program, comm, params, Executor(program, comm, xp, params, loss, constants, training)
 
 
@@ -257,7 +258,7 @@ class Executor:
         clock = self.clock
         # the buckets whose gradients are whole start their all-reduce (bucketed, in the last
         # micro-batch) or their reduce-scatter (ZeRO-2/3, in each)
-        bucketed = apply and (last and self.params.bucket_bytes > 0 or self.params.zero >= 2)
+        bucketed = apply and (last and self.params.bucket_bytes > 0 or self.params.scatters_in_backward)
         order = self.order
         loss = 0.0
         t0 = time.perf_counter()

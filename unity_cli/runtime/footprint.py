@@ -87,7 +87,7 @@ class _Walk:
 
     def _store(self, optimizer: str, bucket_bytes: int) -> None:
         """What :class:`~.weights.ParamStore` keeps: masters, buckets, shards, optimizer state."""
-        p, me, zero = self.p, self.me, self.training.zero
+        p, me = self.p, self.me
         pcg = p.pcg
         plans = [q for q in p.params if me in q.master]
         by_node = {q.node: q for q in plans}
@@ -96,9 +96,16 @@ class _Walk:
         master = {q.name: ("master", q.name) for q in plans}      # the array each master lives in
         updated: list[tuple[str, int, object]] = []                # (state key, elements, dtype)
         bucketed: set[str] = set()
-        for k, b in enumerate(x for x in sync_buckets(pcg, weight_syncs(p), bucket_bytes, zero) if me in x.group):
+        sharded: set[str] = set()        # updated on their bucket's shard (ZeRO)
+        scattered: set[str] = set()      # reduce-scattered in every micro-batch (ZeRO-2/3)
+        stages = self.training.stages(pcg)
+        for k, b in enumerate(x for x in sync_buckets(pcg, weight_syncs(p), bucket_bytes, stages) if me in x.group):
             ms = [by_node[w] for w in b.weights]
-            dt = dtype[ms[0].name]
+            dt, zero = dtype[ms[0].name], b.zero
+            if zero:
+                sharded.update(q.name for q in ms)
+            if zero >= 2:
+                scattered.update(q.name for q in ms)
             length = b.shard() * len(b.group) if zero else sum(size[q.name] for q in ms)
             bucketed.update(q.name for q in ms)
             if zero >= 3:
@@ -125,10 +132,11 @@ class _Walk:
                 self.static[master[q.name]] = (size[q.name] * dtype[q.name].itemsize, "weights")
             if q.name not in bucketed:
                 self.unsynced.append((q.name, size[q.name] * dtype[q.name].itemsize))
-            if not (zero and q.name in bucketed):
+            if q.name not in sharded:
                 updated.append((q.name, size[q.name], dtype[q.name]))
             dims = region_shape(q.master[me], q.shape)
-            if zero < 2 and q.name in bucketed and (seed := seed_piece(q, me)) is not None:   # ParamStore.seeds
+            # (ParamStore.seeds)
+            if q.name in bucketed and q.name not in scattered and (seed := seed_piece(q, me)) is not None:
                 self.seeded.add(seed)
             for node, region, scale in q.pieces[me]:
                 if scale == 1 and contiguous(dims, region):

@@ -28,7 +28,7 @@ def planned_calls(p: Program, me: int, size: int, training: Training = Training(
     # ParamStore's gradient sync, per flat bucket (ir/buckets.py) this rank is in: under ZeRO-2
     # a reduce-scatter at the end of each micro-batch; then those of the sync (an all-reduce,
     # or a reduce-scatter), and after the update the rest (ZeRO's all-gathers)
-    buckets = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0, training.zero) if me in b.group]
+    buckets = [b for b in sync_buckets(p.pcg, weight_syncs(p), 0, training.stages(p.pcg)) if me in b.group]
     mine = [c for b in buckets for c in sync_calls(b)]
     # ZeRO-2/3: each bucket reduce-scattered once backward has made its gradients (b.ready)
     scatters = [(b.ready, _sync_calls([c for c in sync_calls(b) if c.when is SyncWhen.MICRO_BATCH]))

@@ -143,7 +143,12 @@ class RunReport:
             how = (f"in buckets of at least {format_bytes(size)}, each started during backward" if size
                    else "after backward, one flat buffer per group")
             zero = self.sync.get("zero", 0)
-            if zero >= 2:
+            if by_weight := self.sync.get("zero_by_weight"):
+                named = ", ".join(f"ZeRO-{z} for {p}" for p, z in by_weight[:3])
+                more = f" and {len(by_weight) - 3} more" if len(by_weight) > 3 else ""
+                lines.append(f"sync     {n} gradient all-reduces or reduce-scatters per step on rank 0, each "
+                             f"bucket's by its weights' ZeRO stage: ZeRO-{zero}, {named}{more}")
+            elif zero >= 2:
                 then = ("and an all-gather of the updated shards after the update" if zero == 2 else
                         "each weight gathered before each pass that reads it")
                 lines.append(f"sync     {n} gradient reduce-scatter{'s' * (n != 1)} per micro-batch on rank 0, each "

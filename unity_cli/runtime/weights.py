@@ -66,11 +66,8 @@ def to_host(a: Any) -> np.ndarray:
 
 class ParamStore:
     def __init__(self, program: Program, comm: Comm, xp: Any, initial: Mapping[str, np.ndarray],
-                 optimizer: Optimizer, bucket_bytes: int = 0, zero: int = 0):
-        if zero and bucket_bytes:
-            raise ValueError("ZeRO's sync runs flat after backward: no buckets")
+                 optimizer: Optimizer, bucket_bytes: int = 0, zero: int | Mapping[int, int] = 0):
         self.program = program
-        self.zero = zero
         self.comm = comm
         self.xp = xp
         self.optimizer = optimizer
@@ -91,15 +88,18 @@ class ParamStore:
         self.slots: dict[str, Any] = {}   # a synced weight's slice of its bucket's buffer
         self.shards: dict[int, tuple[Any, Any]] = {}   # ZeRO: bucket index -> (flat masters, summed gradient shard)
         self.units: dict[int, int] = {}    # ZeRO-3: weight node -> its bucket index (only its shard is kept)
+        # (``zero``: every weight's ZeRO stage, or each one's by its node: ``ir/training.py``)
         buckets = sync_buckets(program.pcg, weight_syncs(program), bucket_bytes, zero)
-        if bucket_bytes or zero >= 3:     # the bucketed sync's, or ZeRO-3's prefetched gathers
+        if bucket_bytes and any(b.zero for b in buckets):
+            raise ValueError("ZeRO's sync runs flat after backward: no buckets")
+        if bucket_bytes or any(b.zero >= 3 for b in buckets):   # the bucketed sync's, or ZeRO-3's prefetched gathers
             comm.setup_sync_groups(sorted({b.group for b in buckets}))
         self.inflight: dict[int, tuple[Any, Any]] = {}   # ZeRO-3: weight node -> its gather in flight
         for b in buckets:
             if me not in b.group:
                 continue
             ms = [self._by_node[w] for w in b.weights]
-            dtype = self.master[ms[0].name].dtype
+            dtype, zero = self.master[ms[0].name].dtype, b.zero
             length = b.shard() * len(b.group) if zero else sum(self.master[p.name].size for p in ms)
             masters = xp.zeros(length, dtype=dtype) if zero else None
             at = 0
@@ -120,7 +120,10 @@ class ParamStore:
             # for each micro-batch's reduce-scatter (_flat_buffer), and dropped after it
             self.buckets.append((b, None if zero >= 2 else self._flat_buffer(b, length, dtype)))
         self._bucketed = {self._by_node[w].name for b, _ in self.buckets for w in b.weights}
-        self._sharded = self._bucketed if zero else set()   # updated by their bucket's shard
+        self._sharded = {self._by_node[w].name for b, _ in self.buckets if b.zero for w in b.weights}  # updated by
+        # their bucket's shard; ZeRO-2/3's buckets, reduce-scattered in every micro-batch, come first
+        self._early = sum(b.zero >= 2 for b, _ in self.buckets)
+        self._scatters = {self._by_node[w].name for b, _ in self.buckets[:self._early] for w in b.weights}
         self._scattered: set[int] = set()  # ZeRO-2/3: buckets reduce-scattered into their shard this step
         self._filled: set[str] = set()    # weights whose gradient this step's buffers already hold
         self._gathered = False            # --check under ZeRO: the summed gradients all-gathered
@@ -146,8 +149,14 @@ class ParamStore:
             if p.name in self.master and p.name not in self._sharded:
                 optimizer.prepare(p.name, self.master[p.name])
         for k, (masters, shard) in self.shards.items():
-            at = 0 if zero >= 3 else self.buckets[k][0].group.index(me) * shard.size
+            b = self.buckets[k][0]
+            at = 0 if b.zero >= 3 else b.group.index(me) * shard.size
             optimizer.prepare(f"zero:{k}", masters[at:at + shard.size])
+
+    @property
+    def scatters_in_backward(self) -> bool:
+        """Whether some bucket is reduce-scattered in every micro-batch's backward (ZeRO-2/3)."""
+        return self._early > 0
 
     def held(self) -> list[tuple[Any, str]]:
         """Every array this store keeps between a step's actions, with the part of the memory
@@ -248,7 +257,7 @@ class ParamStore:
     def _reduce_scatter_micro_batch(self, grads: dict[TensorRef, Any]) -> None:
         """ZeRO-2/3, at the end of a micro-batch's backward: the buckets backward has not
         reduce-scattered yet (:meth:`backward_passed`)."""
-        for k in range(self._issued, len(self.buckets)):
+        for k in range(self._issued, self._early):
             self._reduce_scatter(k, grads)
         self._issued = 0
 
@@ -265,10 +274,9 @@ class ParamStore:
         into each weight's gradient buffer (the sync runs once, after the last; under ZeRO-2
         the buckets' gradients are reduce-scattered now)."""
         for p in self.plans:
-            if not (self.zero >= 2 and p.name in self._bucketed):
+            if p.name not in self._scatters:
                 self._fill(p, grads, own=True)
-        if self.zero >= 2:
-            self._reduce_scatter_micro_batch(grads)
+        self._reduce_scatter_micro_batch(grads)
 
     def update(self, grads: dict[TensorRef, Any]) -> None:
         """Gradient sync and one optimizer step; ``grads`` holds the resident pieces' gradients.
@@ -286,7 +294,7 @@ class ParamStore:
         me = self.comm.rank
         for k, (masters, shard) in self.shards.items():
             group = self.buckets[k][0].group
-            if self.zero >= 3:      # the shard is all it keeps: nothing to gather after
+            if self.buckets[k][0].zero >= 3:      # the shard is all it keeps: nothing to gather after
                 self.optimizer.update(f"zero:{k}", masters, shard)
                 continue
             at = group.index(me) * shard.size
@@ -300,8 +308,8 @@ class ParamStore:
         of every bucket whose gradients are now whole, in order, without waiting for it
         (bucketed sync), and let those already started progress; under ZeRO-2/3 reduce-
         scatter each such bucket into its shard (every micro-batch)."""
-        if self.zero >= 2:
-            while self._issued < len(self.buckets) and self.buckets[self._issued][0].ready > next_node:
+        if self._early:
+            while self._issued < self._early and self.buckets[self._issued][0].ready > next_node:
                 self._reduce_scatter(self._issued, grads)
                 self._issued += 1
             return
@@ -326,10 +334,10 @@ class ParamStore:
         if self.bucket_bytes:
             self.backward_passed(AFTER_BACKWARD - 1, grads)
             self.comm.wait_all(self._pending)
-        elif self.zero >= 2:
-            self._reduce_scatter_micro_batch(grads)
         else:
-            for k, (b, flat) in enumerate(self.buckets):
+            self._reduce_scatter_micro_batch(grads)
+            for k in range(self._early, len(self.buckets)):
+                b, flat = self.buckets[k]
                 for w in b.weights:
                     self._fill(self._by_node[w], grads)
                 if sync_calls(b)[0].kind is SyncCallKind.ALL_REDUCE:

@@ -22,6 +22,7 @@ model gets a valid plan.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -163,7 +164,9 @@ def parse_hybrid(strategy: str, devices: int) -> tuple[int, int]:
 STRATEGY_KEYS = ("tp", "dp", "zero", "mb")
 """The keys of a hand-written ``--strategy``: tensor and data parallel degrees (one of them
 at least: the other is what the device count leaves), the ZeRO stage and the micro-batches
-per step (default 0 and 1)."""
+per step (default 0 and 1); and ``zero[PATTERN]=Z``, the stage of the weights whose names
+match ``PATTERN`` (``ir/training.Training.zero_by_weight``)."""
+_WEIGHT_STAGE = re.compile(r"zero\[(.+)\]")
 
 
 def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
@@ -171,13 +174,20 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
     UsageError naming the option and the device count when it is malformed or ``T*D`` is not
     the cluster's device count."""
     t = max(d for d in divisors(devices) if d * d <= devices)
-    usage = (f"--strategy {strategy[:200]!r}: expected tp=T,dp=D[,zero=Z][,mb=K][,recompute="
+    usage = (f"--strategy {strategy[:200]!r}: expected tp=T,dp=D[,zero=Z][,zero[NAMES]=Z][,mb=K][,recompute="
              f"{'|'.join(Recompute)}[:S]] with T*D = {devices} (the cluster's device count; one of tp "
              f"and dp may be left out), e.g. tp={t},dp={devices // t}")
     values: dict[str, int] = {}
     recompute, segments = Recompute.NONE, 0
+    by_weight: list[tuple[str, int]] = []
     for part in strategy.split(","):
         key, sep, value = part.partition("=")
+        if (named := _WEIGHT_STAGE.fullmatch(key.strip())) and sep:
+            if not whole_number(value.strip()) or int(value) not in ZERO_STAGES:
+                raise UsageError(f"--strategy {strategy[:200]}: {part.strip()[:80]}: a ZeRO stage is one of "
+                                 f"{', '.join(map(str, ZERO_STAGES))}")
+            by_weight.append((named[1], int(value)))
+            continue
         key, value = key.strip().lower(), value.strip()
         if key == "recompute" and sep and "recompute" not in values:
             try:
@@ -208,7 +218,7 @@ def parse_strategy(strategy: str, devices: int) -> tuple[int, int, Training]:
                          f"{', '.join(map(str, ZERO_STAGES))}")
     if mb < 1:
         raise UsageError(f"--strategy {strategy[:200]}: mb={mb}: micro-batches per step must be at least 1")
-    return tp, dp, Training(zero, mb, recompute, segments)
+    return tp, dp, Training(zero, mb, recompute, segments, tuple(by_weight))
 
 
 def whole_number(text: str) -> bool:
@@ -220,6 +230,7 @@ def strategy_name(tp: int, dp: int, training: Training = Training()) -> str:
     """A hand-written configuration's row name: ``tp=T,dp=D``, and its ZeRO stage,
     micro-batches and recomputation where not the default."""
     extra = (f",zero={training.zero}" if training.zero else "") + \
+        "".join(f",zero[{p}]={z}" for p, z in training.zero_by_weight) + \
         (f",mb={training.micro_batches}" if training.micro_batches > 1 else "") + \
         (f",recompute={training.recompute_name}" if training.recompute is not Recompute.NONE else "")
     return hybrid_name(tp, dp) + extra

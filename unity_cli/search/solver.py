@@ -75,7 +75,7 @@ from ..ir.recompute import Recompute, recomputed
 from ..ir.schedule import layout_sources, needs_grad
 from ..ir.shapes import ParallelTensorShape
 from ..ir.simplify import simplify
-from ..ir.training import shard_elements
+from ..ir.training import Stages, shard_elements
 from .elimination import Elimination, TooWide
 from .groups import Grouping, group_ranges, groupings
 from .mesh import Mesh, factorizations
@@ -320,6 +320,13 @@ class Tables:
         shaped = replace(config, memory_limit=None, sync_bucket=None)   # (a solve's room: its problem's)
         self.nodes = price_table(cluster, shaped, "solver nodes", SHARED_LIMIT)
         self.edges = price_table(cluster, shaped, "solver edges", SHARED_LIMIT)
+        self._stages: tuple[PCG | None, Stages] = (None, Stages(config.training.zero, {}))
+
+    def stages(self, pcg: PCG) -> Stages:
+        """Each weight's ZeRO stage in ``pcg`` (``ir/training.py``), made once per graph."""
+        if self.config.training.mixed and self._stages[0] is not pcg:
+            self._stages = (pcg, self.config.training.stages(pcg))
+        return self._stages[1]
 
     def _shared(self) -> tuple[dict, ...]:
         return self.nodes, self.edges, self.pricer._cache, self.pricer._units
@@ -345,20 +352,22 @@ class Tables:
         kinds = tuple(_source_kind(pcg.nodes[r.node]) for r in n.inputs)
         inputs = tuple(pcg.shape(r) for r in n.inputs)
         mask = backward_mask(n.spec, inputs, [r in grads for r in n.inputs])
-        key = (n.op, inputs, kinds, mesh, returned, mask, copies, again)
+        stages = self.stages(pcg)     # each weight input's ZeRO stage
+        zeros = tuple(stages[r.node] if k is Tensor.WEIGHT else 0 for r, k in zip(n.inputs, kinds, strict=True))
+        key = (n.op, inputs, kinds, mesh, returned, mask, copies, again, zeros)
         hit = self.nodes.get(key)
         if hit is None:
-            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask, copies, again)
+            hit = self.nodes[key] = self._node(pcg, n, mesh, returned, kinds, mask, copies, again, zeros)
         return hit
 
     def _node(self, pcg: PCG, n: Node, mesh: Mesh, returned: bool, kinds: tuple,
-              mask: tuple[bool, ...] | None, copies: bool, again: Again) -> tuple:
+              mask: tuple[bool, ...] | None, copies: bool, again: Again, zeros: tuple[int, ...]) -> tuple:
         config, pricer, device = self.config, self.pricer, self.device
         opts = node_options(n, [pcg.shape(r) for r in n.inputs], mesh)
         if not opts:
             raise ShapeError(f"node {n.name!r} ({n.kind}) has no legal parallelization on {mesh.devices} "
                              "devices")
-        per_param, zero = config.weight_bytes, config.training.zero
+        per_param = config.weight_bytes
         micro = config.training.micro_batches    # forward and backward (and their moves) run per micro-batch
         costs, mems, syncs = [], [], []
         for o in opts:
@@ -371,7 +380,7 @@ class Tables:
             if again is Again.NO:
                 mem += n.spec.saved(n.op, [s.piece for s in o.inputs],
                                     [s.piece for s in o.outputs]).extra_bytes(config.dtype.itemsize)
-            for r, want, kind in zip(n.inputs, o.inputs, kinds, strict=True):
+            for r, want, kind, zero in zip(n.inputs, o.inputs, kinds, zeros, strict=True):
                 match kind:
                     case Tensor.WEIGHT:
                         # (under ZeRO the sync is a reduce-scatter and an all-gather: the all-reduce's

@@ -43,7 +43,7 @@ from ..errors import InfeasibleError, UsageError
 from ..ir.pcg import PCG
 from ..ir.recompute import Recompute, segments
 from ..ir.schedule import layout_sources
-from ..ir.training import ZERO_STAGES, Training
+from ..ir.training import ZERO_STAGES, Training, unmatched, weight_names
 from ..ir.validate import validate
 from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
@@ -87,7 +87,8 @@ def has_attention(pcg: PCG, rules: Sequence[Rule]) -> bool:
 
 def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterSpec, config: CostConfig,
                   strategy: str = Strategy.BEST, zero: int | None = None, micro_batches: int | None = None,
-                  recompute: Mode | None = None, **search: Any) -> tuple[SearchResult, int]:
+                  recompute: Mode | None = None, zero_by_weight: tuple[tuple[str, int], ...] = (),
+                  **search: Any) -> tuple[SearchResult, int]:
     """:func:`optimize.optimize` with the step's shape chosen too (see the module
     docstring), and the micro-batches it chose. ``graph_for(k)`` is the graph at the
     micro-batch size of ``k`` micro-batches of the global ``batch``; ``search`` is
@@ -105,8 +106,9 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
         # A configuration a person writes (or a baseline), priced as people train: with a
         # memory-efficient attention (FlashAttention) wherever the model holds the chain.
         r, count = recompute or (Recompute.NONE, 0)
-        train = Training(zero or 0, micro_batches or 1, r, count or 0)
+        train = Training(zero or 0, micro_batches or 1, r, count or 0, zero_by_weight)
         k = train.micro_batches
+        _check_names(graph_for(k), zero_by_weight)
         graph, path = attention_rewritten(graph_for(k), search.get("rules", ()))
         result = optimize(graph, cluster, replace(config, training=train), strategy, **search)
         return replace(result, rewrites=path + tuple(result.rewrites)), k
@@ -143,6 +145,18 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
     if attention:  # every row was priced on the rewritten graph
         result = replace(result, rewrites=rewritten[k][1] + tuple(result.rewrites))
     return (_restaged(result, cluster, config, stages) if zero is None else result), k
+
+
+def _check_names(pcg: PCG, by_weight: Sequence[tuple[str, int]]) -> None:
+    """A UsageError naming the first ``zero[PATTERN]=Z`` whose pattern names no trainable
+    weight of ``pcg``, with some names it has."""
+    k = unmatched(by_weight, pcg)
+    if k is not None:
+        names = list(weight_names(pcg).values())
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        pattern, z = by_weight[k]
+        raise UsageError(f"--strategy zero[{pattern}]={z}: {pattern!r} names no trainable weight of the "
+                         f"model (its weights: {shown or 'none'})")
 
 
 def _check_segments(pcg: PCG, recompute: Mode) -> None:
