@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .dtypes import DType
+from .ops.sources import WeightAttrs
 from .recompute import Recompute
 
 if TYPE_CHECKING:
@@ -182,7 +183,6 @@ def literal(name: str) -> str:
 
 def weight_names(pcg: PCG) -> dict[int, str]:
     """The name of each trainable weight of ``pcg``, by its node."""
-    from .ops.sources import WeightAttrs
     return {i: n.name for i, n in pcg if isinstance(n.op, WeightAttrs) and n.op.trainable}
 
 
