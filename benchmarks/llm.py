@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,6 +51,8 @@ sys.path.insert(0, str(REPO))
 
 from unity_cli import zoo  # noqa: E402
 from unity_cli.cluster import load_cluster  # noqa: E402
+from unity_cli.ir.training import weight_names  # noqa: E402
+from unity_cli.plan.plan import load_plan  # noqa: E402
 
 SEQ = 2048
 
@@ -86,6 +89,18 @@ class Row:
     note: str = ""
 
 
+def _stages(path: Path) -> str:
+    """The plan's ZeRO stages: ``ZeRO-2``, or where weights differ ``ZeRO-0/2/3 (161/242/320
+    weights)``; '' without ZeRO."""
+    plan = load_plan(path)
+    count = Counter(plan.training.stages(plan.pcg)[i] for i in weight_names(plan.pcg))
+    if len(count) == 1:
+        (z,) = count
+        return f"ZeRO-{z}" if z else ""
+    order = sorted(count)
+    return f"ZeRO-{'/'.join(map(str, order))} ({'/'.join(str(count[z]) for z in order)} weights)"
+
+
 def price(model: Path, p: Point, strategy: str, max_candidates: int | None) -> Row:
     """One ``unity optimize`` of ``p`` with ``strategy``."""
     cluster = f"dgx-a100-80:{p.gpus}"
@@ -98,6 +113,7 @@ def price(model: Path, p: Point, strategy: str, max_candidates: int | None) -> R
         r = subprocess.run([sys.executable, "-m", "unity_cli.cli", *args], capture_output=True, text=True,
                            cwd=REPO)
         seconds = time.monotonic() - t0
+        stages = _stages(Path(tmp) / "plan.json") if r.returncode == 0 else ""
     name = "unity" if strategy == "best" else strategy
     if r.returncode != 0:
         said = (r.stdout + r.stderr).strip()
@@ -115,7 +131,7 @@ def price(model: Path, p: Point, strategy: str, max_candidates: int | None) -> R
         chosen = doc["strategy"]
         rows = doc["baselines"]
         extra = rows[chosen]
-        shape = [f"mb={extra.get('micro_batches', 1)}"] + ([f"ZeRO-{extra['zero']}"] if extra.get("zero") else [])
+        shape = [f"mb={extra.get('micro_batches', 1)}"] + ([stages] if stages else [])
         shape += [f"{extra['recompute']} recompute"] if extra.get("recompute") else []
         name = f"unity ({', '.join([chosen, *shape])})"
     return Row(p.key, p.model, p.gpus, p.batch, name, step, max(pred["memory_bytes"]), fits, mfu, seconds,

@@ -220,11 +220,11 @@ def _parse_inputs(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 @click.option("--strategy", default="best", show_default=True,
               help="best (the joint search, keeping the fastest plan found) | unity | parallel_only | "
                    "algebraic_then_parallel | data_parallel | tensor_parallel | hybrid (the fastest uniform "
-                   "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,mb=K][,recompute=R[:S]] (tensor parallel T ways "
-                   "on consecutive devices, data parallel D ways across the groups, T*D = the cluster's device "
-                   "count, either left out is what the devices leave; ZeRO stage Z, K micro-batches per step, "
-                   "recomputation none, selective or full, of "
-                   "the first S segments only with :S)")
+                   "TP x DP hybrid) | tp=T,dp=D[,zero=Z][,zero[NAMES]=Z][,mb=K][,recompute=R[:S]] (tensor "
+                   "parallel T ways on consecutive devices, data parallel D ways across the groups, T*D = the "
+                   "cluster's device count, either left out is what the devices leave; ZeRO stage Z, and the "
+                   "weights whose names match the pattern NAMES at their own; K micro-batches per step, "
+                   "recomputation none, selective or full, of the first S segments only with :S)")
 @click.option("--zero", type=click.Choice(["auto", "0", "1", "2", "3"]), default="auto", show_default=True,
               help="ZeRO stage of the data-parallel replicas: 0 (every replica keeps everything) | 1 (optimizer "
                    "state sharded: gradients reduce-scattered, weights all-gathered after the update) | 2 (the "

@@ -45,7 +45,7 @@ def test_stages_are_checked_and_written_only_where_given():
     assert Training(0, zero_by_weight=(("w", 1),)).sharded and not Training(0, zero_by_weight=(("w", 0),)).sharded
     assert "zero_by_weight" not in Training(1).to_json()
     many = Training(1, zero_by_weight=tuple((f"w{k}", 3) for k in range(5)))
-    assert many.zero_text == "ZeRO-1, ZeRO-3 for 5 named weights"
+    assert many.zero_text == "ZeRO-1, ZeRO-3 for 5 name patterns"
     with pytest.raises(ValueError, match=r"zero\[w\]=4"):
         Training(1, zero_by_weight=(("w", 4),))
     with pytest.raises(ValueError, match="empty"):

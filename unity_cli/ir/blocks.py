@@ -163,10 +163,16 @@ def shortened(pcg: PCG, found: Blocks, keep: int) -> PCG:
     """``pcg`` with only the first ``keep`` blocks of its run (``found.run``, at least one
     kept): each dropped block's nodes, the weights and constants only they read, gone, and
     what read a dropped node reading its like in the last kept block instead."""
+    return shortened_from(pcg, found, keep)[0]
+
+
+def shortened_from(pcg: PCG, found: Blocks, keep: int) -> tuple[PCG, tuple[int, ...]]:
+    """:func:`shortened`, and for each of its nodes the node of ``pcg`` it is (a plan's
+    views follow it onto the shorter graph)."""
     run = found.run
     assert run is not None and 1 <= keep <= run.count
     if keep == run.count:
-        return pcg
+        return pcg, tuple(range(len(pcg)))
     at = _Places.of(pcg, found.segments)
     shift = (run.count - keep) * run.period
     gone = set(range(run.start + keep * run.period, run.end))
@@ -190,7 +196,7 @@ def shortened(pcg: PCG, found: Blocks, keep: int) -> PCG:
         if i in dropped:
             continue
         new[i] = b.add(n.op, [ref(r) for r in n.inputs], n.name, outputs=n.outputs)[0].node
-    return b.build(ref(r) for r in pcg.outputs)
+    return b.build(ref(r) for r in pcg.outputs), tuple(new)
 
 
 def lengthened(pcg: PCG, found: Blocks, times: int, rename: Callable[[int, int], tuple[Any, str]] | None = None

@@ -108,11 +108,11 @@ class Training:
     @property
     def zero_text(self) -> str:
         """``ZeRO-1``, or where weights are kept otherwise ``ZeRO-1, ZeRO-3 for *embed*``
-        (past two patterns of a stage, their count)."""
+        (past two patterns of a stage, how many)."""
         parts = [f"ZeRO-{self.zero}"]
         for z in sorted({z for _, z in self.zero_by_weight} - {self.zero}):
             named = [p for p, s in self.zero_by_weight if s == z]
-            parts.append(f"ZeRO-{z} for {', '.join(named) if len(named) <= 2 else f'{len(named)} named weights'}")
+            parts.append(f"ZeRO-{z} for {', '.join(named) if len(named) <= 2 else f'{len(named)} name patterns'}")
         return ", ".join(parts)
 
     def stages(self, pcg: PCG) -> Stages:

@@ -12,7 +12,7 @@
    row, which the searches start from and the chosen plan is held to: unity's plan is never
    slower than the best configuration a person could write, priced by the same model. The
    chosen plan is then priced at each free ZeRO stage (the same parallelization, its state
-   sharded otherwise) and the fastest that fits is kept.
+   sharded otherwise), and each class of its weights at its own (``search/stages.py``).
 
 Where the graph holds an attention chain, both moves run on the graph with every chain made
 one memory-efficient Attention (:func:`attention_rewritten`: the verified rules of
@@ -37,7 +37,7 @@ from functools import partial
 from typing import Any
 
 from ..cluster.spec import ClusterSpec
-from ..cost.model import CostConfig, estimate
+from ..cost.model import CostConfig
 from ..deadline import OutOfTime, ceiling
 from ..errors import InfeasibleError, UsageError
 from ..ir.pcg import PCG
@@ -49,8 +49,9 @@ from ..substitutions.match import RewriteError, apply_match, find_matches
 from ..substitutions.rule import Rule
 from .baselines import Strategy
 from .folded import folded_search, rewritten_whole
-from .joint import Applied, faster
-from .optimize import SEARCHES, Candidate, SearchResult, optimize
+from .joint import Applied
+from .optimize import SEARCHES, SearchResult, optimize
+from .stages import restaged
 from .uniform import MODES, Mode, _fewest, best_uniform
 
 __all__ = ["MODES", "Mode", "attention_rewritten", "best_uniform", "optimize_step"]
@@ -144,7 +145,7 @@ def optimize_step(graph_for: Callable[[int], PCG], batch: int, cluster: ClusterS
                  hybrid_row=(uniform.row, uniform.tried), **search)
     if attention:  # every row was priced on the rewritten graph
         result = replace(result, rewrites=rewritten[k][1] + tuple(result.rewrites))
-    return (_restaged(result, cluster, config, stages) if zero is None else result), k
+    return (restaged(result, cluster, config, stages) if zero is None else result), k
 
 
 def _check_names(pcg: PCG, by_weight: Sequence[tuple[str, int]]) -> None:
@@ -192,25 +193,7 @@ def _searched_shape(graph_for, cluster, config, strategy, stages, ks, modes, sea
         if k is not None:
             res = attempt(Training(least, k, r, count or 0))
             assert res is not None
-            found.append((_restaged(res, cluster, config, stages), k))
+            found.append((restaged(res, cluster, config, stages), k))
     if not found:
         raise next(e for e in tried.values() if isinstance(e, InfeasibleError))
     return min(found, key=lambda f: f[0].chosen.report.step_time)
-
-
-def _restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, stages: Sequence[int]) -> SearchResult:
-    """The chosen plan priced at each ZeRO stage of ``stages`` too (``ir/training.py``), the
-    fastest that fits kept: the same parallelization, its state sharded otherwise."""
-    chosen = best = result.chosen
-    for z in stages:
-        if z == chosen.report.training.zero:
-            continue
-        report = estimate(chosen.baseline.pcg, chosen.views, cluster,
-                          replace(config, training=replace(chosen.report.training, zero=z)))
-        if report.feasible and faster(report, best.report):
-            best = Candidate(replace(chosen.baseline, description=f"{chosen.baseline.description}; ZeRO-{z}"),
-                             chosen.views, report)
-    if best is chosen:
-        return result
-    rows = {name: (best if c is chosen else c) for name, c in result.candidates.items()}
-    return replace(result, chosen=best, candidates=rows)
