@@ -302,7 +302,7 @@ def optimize(model: str, cluster_path: str | None, batch_size: int | None, input
     fixed_zero, fixed_micro, fixed_recompute, by_weight = _training(strategy, zero, micro_batches, recompute,
                                                                     cluster.num_devices)
     if bucket:      # buckets asked for: ZeRO's sync runs flat, so none
-        if fixed_zero:
+        if fixed_zero or any(z for _, z in by_weight):
             raise UsageError("--sync-bucket: ZeRO's sync runs flat after backward; give --zero 0 to bucket it")
         fixed_zero = 0
     rules = load_cache(rules_path)  # a stale or edited cache is an error, never used silently

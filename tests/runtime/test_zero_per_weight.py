@@ -57,13 +57,16 @@ def test_a_wrong_gradient_is_caught_with_weights_at_different_stages(plans, tmp_
 
 @pytest.mark.parametrize("text,needle", [("tp=1,dp=2,zero[nothing*]=3", "'nothing*' names no trainable weight"),
                                          ("tp=1,dp=2,zero[w1]=4", "zero[w1]=4: a ZeRO stage is one of"),
-                                         ("tp=1,dp=2,zero[w1]=x", "a ZeRO stage is one of")])
+                                         ("tp=1,dp=2,zero[w1]=x", "a ZeRO stage is one of"),
+                                         ("tp=1,dp=2,zero[w*]=1 --sync-bucket 1MiB", "--sync-bucket: ZeRO's sync "
+                                          "runs flat")])
 def test_a_bad_stage_per_weight_is_one_line(tmp_path, text, needle):
     from models.catalog import mlp_model
     from runtime.mpirun import SPECS
+    strategy, *more = text.split(" ")
     r = CliRunner().invoke(cli, ["optimize", str(mlp_model(tmp_path / "mlp.onnx")), "--cluster",
                                  str(SPECS / "local-cpu.yaml"), "--batch-size", "4", "--out",
-                                 str(tmp_path / "p.json"), "--strategy", text])
+                                 str(tmp_path / "p.json"), "--strategy", strategy, *more])
     lines = r.output.strip().splitlines()
     assert r.exit_code != 0 and len(lines) == 1 and needle in lines[0], r.output
     assert not (tmp_path / "p.json").exists()
@@ -84,3 +87,14 @@ def test_a_plan_naming_a_weight_it_lacks_is_refused(plans, tmp_path):
     data["config"]["zero_by_weight"] = [["*embed*", 5]]
     with pytest.raises(PlanError, match="config.zero_by_weight: expected a list"):
         plan_from_json(data)
+
+
+def test_the_summary_says_the_stage_every_weight_is_kept_at(plans, tmp_path):
+    """Every weight named at ZeRO-2 by a pattern (the step's own stage 0): the sync is
+    ZeRO-2's, and the summary says so (not the step's flat all-reduce)."""
+    from unity_cli.report.summary import sync_text
+    plan = tmp_path / "plan.json"
+    optimize(plans.model("bert_tiny"), cpu_spec(tmp_path, 2), plan, 4, "--strategy", "tp=1,dp=2,zero[*]=2")
+    sync = sync_summary(load_plan(plan))
+    assert sync["zero"] == 2 and "stages" not in sync
+    assert "(ZeRO-2)" in sync_text(sync) and "all-reduce" not in sync_text(sync)

@@ -21,9 +21,9 @@ from unity_cli.ir.recompute import Recompute
 from unity_cli.ir.training import ZERO_STAGES, Training, weight_names
 from unity_cli.plan.config import plan_config
 from unity_cli.plan.plan import load_plan
-from unity_cli.search.baselines import hybrid
-from unity_cli.search.optimize import Candidate
-from unity_cli.search.stages import _Tries, class_patterns, weight_classes
+from unity_cli.search.baselines import Baseline, hybrid
+from unity_cli.search.optimize import Candidate, SearchResult
+from unity_cli.search.stages import _Tries, class_patterns, restaged, weight_classes
 from unity_cli.search.views import default_views
 
 
@@ -93,6 +93,16 @@ def test_a_class_kept_at_its_own_stage_pays_and_trains(tiny_models, tmp_path):
         one = estimate(loaded.pcg, loaded.views, loaded.cluster,
                        replace(config, training=replace(train, zero=z, zero_by_weight=())))
         assert not one.feasible or one.step_time > mine.step_time, z
+    # the walk, from the plan at its step's stage alone: not where the stage was fixed
+    uniform = replace(train, zero_by_weight=())
+    start = Candidate(Baseline("unity", loaded.pcg, 3, "searched"), loaded.views,
+                      estimate(loaded.pcg, loaded.views, loaded.cluster, replace(config, training=uniform)))
+    free = restaged(SearchResult(start, {"unity": start}), loaded.cluster, replace(config, training=Training()),
+                    ZERO_STAGES)
+    assert free.chosen.report.training.mixed and free.chosen.report.step_time < start.report.step_time
+    fixed = restaged(SearchResult(start, {"unity": start}), loaded.cluster, replace(config, training=Training()),
+                     (train.zero,))
+    assert fixed.chosen.report.training == uniform
     doc = run_json(plan, "--steps", "2", "--check", ranks=3)
     assert doc["check"]["passed"], doc["check"]
     assert doc["comm_bytes"]["measured"] == doc["comm_bytes"]["predicted"] == loaded.comm_bytes

@@ -107,13 +107,15 @@ class Training:
 
     @property
     def zero_text(self) -> str:
-        """``ZeRO-1``, or where weights are kept otherwise ``ZeRO-1, ZeRO-3 for *embed*``
-        (past two patterns of a stage, how many)."""
-        parts = [f"ZeRO-{self.zero}"]
-        for z in sorted({z for _, z in self.zero_by_weight} - {self.zero}):
-            named = [p for p, s in self.zero_by_weight if s == z]
-            parts.append(f"ZeRO-{z} for {', '.join(named) if len(named) <= 2 else f'{len(named)} name patterns'}")
-        return ", ".join(parts)
+        """``ZeRO-1``, or where weights are kept otherwise ``ZeRO-1, ZeRO-3 for *embed*``: the
+        patterns in order (the last that names a weight wins), or past four, how many of
+        each stage."""
+        by = self.zero_by_weight
+        if len(by) <= 4:
+            return ", ".join([f"ZeRO-{self.zero}", *(f"ZeRO-{z} for {p}" for p, z in by)])
+        count = {z: sum(s == z for _, s in by) for z in sorted({z for _, z in by})}
+        return ", ".join([f"ZeRO-{self.zero}", *(f"ZeRO-{z} for {n} name pattern{'s' * (n != 1)}"
+                                                 for z, n in count.items())])
 
     def stages(self, pcg: PCG) -> Stages:
         """Each trainable weight's ZeRO stage, by its node in ``pcg``."""

@@ -209,12 +209,13 @@ def _bad_config(config: Any) -> str:
                 f"full or selective), got {n!r}")
     by_weight = config.get("zero_by_weight", [])
     if not isinstance(by_weight, list) or not all(
-            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and e[0] and not isinstance(e[1], bool)
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and e[0] and type(e[1]) is int
             and e[1] in ZERO_STAGES for e in by_weight):
         return (f"config.zero_by_weight: expected a list of [weight name pattern, ZeRO stage "
                 f"({', '.join(map(str, ZERO_STAGES))})], got {str(by_weight)[:200]}")
     if (z or any(e[1] for e in by_weight)) and b:
-        return "config.zero: ZeRO's sync runs flat, but config.sync_bucket_bytes names buckets"
+        field = "config.zero" if z else "config.zero_by_weight"
+        return f"{field}: ZeRO's sync runs flat, but config.sync_bucket_bytes names buckets"
     return ""
 
 

@@ -129,9 +129,11 @@ def sync_summary(plan: Plan) -> dict[str, Any]:
     st = ctx.structure
     moves = [node_cost_and_moves(ctx, i, plan.views)[1] if i in st.sync else () for i in range(len(plan.pcg))]
     buckets = sync_buckets(plan.pcg, weight_syncs(st, moves), plan.sync_bucket_bytes, plan.training.stages(plan.pcg))
+    used = {b.zero for b in buckets}        # (the stages the buckets are kept at, whatever the step's)
     out: dict[str, Any] = {"bucket_bytes": plan.sync_bucket_bytes, "all_reduces": len(buckets),
-                           "bytes": sum(b.nbytes for b in buckets), "zero": plan.training.zero}
-    if len({b.zero for b in buckets}) > 1:
+                           "bytes": sum(b.nbytes for b in buckets),
+                           "zero": next(iter(used)) if len(used) == 1 else plan.training.zero}
+    if len(used) > 1:
         out["stages"] = {str(z): {"all_reduces": sum(b.zero == z for b in buckets),
                                   "bytes": sum(b.nbytes for b in buckets if b.zero == z)}
                          for z in sorted({b.zero for b in buckets})}

@@ -126,7 +126,8 @@ class _Tries:
 
 def restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, stages: Sequence[int]) -> SearchResult:
     """``result`` with its chosen plan at the fastest ZeRO stage of ``stages`` that fits, and
-    each class of its weights at its own where that is faster (the module docstring)."""
+    each class of its weights at its own where that is faster (the module docstring; not
+    where ``stages`` is one: a stage the options fixed)."""
     chosen = result.chosen
     if not chosen.report.feasible:
         return result
@@ -141,7 +142,8 @@ def restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, sta
     pcg = chosen.baseline.pcg
     names = weight_names(pcg)
     classes = [class_patterns(c, list(names.values())) for c in weight_classes(pcg)]
-    for patterns in classes if len(classes) > 1 else ():     # (one class: its stage is the step's)
+    free = len(stages) > 1          # (a stage the options fixed is every weight's)
+    for patterns in classes if free and len(classes) > 1 else ():     # (one class: its stage is the step's)
         first = next(i for i, name in names.items() if fnmatchcase(name, patterns[0]))
         at = train.stages(pcg)[first]
         got = tries.best([replace(train, zero_by_weight=train.zero_by_weight + tuple((p, z) for p in patterns))
