@@ -17,6 +17,8 @@ from runtime.test_training_steps import cpu_spec, optimize
 
 from unity_cli.cluster import load_cluster
 from unity_cli.cost.model import CostConfig, estimate
+from unity_cli.ir.blocks import blocks
+from unity_cli.ir.machine_view import MachineView
 from unity_cli.ir.recompute import Recompute
 from unity_cli.ir.training import ZERO_STAGES, Training, weight_names
 from unity_cli.plan.config import plan_config
@@ -57,7 +59,8 @@ def test_tries_on_the_shortened_plan_price_the_whole_graph(tmp_path, tp, dp):
     each device's bytes are the whole graph's, exactly, and the step time extrapolated is
     the whole graph's within 1 % (mostly to float rounding; ZeRO-3's gathers prefetched
     across blocks, 0.15 % off), whatever stage each class, recomputation and count of
-    micro-batches. (What wins is priced whole before it is kept.)"""
+    micro-batches. (What wins is priced whole before it is kept.) A plan whose blocks are
+    placed unlike is not shortened."""
     pcg = deep(tmp_path, "llama", 7)
     cluster = load_cluster("dgx-a100-8")
     b = hybrid(pcg, tp, dp)
@@ -74,6 +77,11 @@ def test_tries_on_the_shortened_plan_price_the_whole_graph(tmp_path, tp, dp):
         whole = estimate(b.pcg, views, cluster, CostConfig(training=train))
         assert list(tries.memory(train)) == list(whole.memory), train
         assert tries.time(train) == pytest.approx(whole.step_time, rel=1e-2), train
+    # one block placed otherwise than the others (its operators a device on): not shortened
+    found = blocks(b.pcg)
+    moved = set(found.segments[found.run.start + 3 * found.run.period])
+    unlike = tuple(MachineView(v.start + 1, v.strides) if i in moved else v for i, v in enumerate(views))
+    assert not _Tries(Candidate(b, unlike, tries.chosen.report), cluster, CostConfig()).short
 
 
 def test_a_class_kept_at_its_own_stage_pays_and_trains(tiny_models, tmp_path):

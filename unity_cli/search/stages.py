@@ -36,7 +36,7 @@ import numpy as np
 from ..cluster.spec import ClusterSpec
 from ..cost.memory import memory_table
 from ..cost.model import CostConfig, device_capacity, estimate, step_time
-from ..ir.blocks import Run, blocks, shortened_from, shortened_limit
+from ..ir.blocks import Blocks, Run, blocks, likes, shortened_from, shortened_limit
 from ..ir.machine_view import MachineView
 from ..ir.pcg import PCG
 from ..ir.recompute import segments
@@ -62,7 +62,8 @@ class _Tries:
             made = [shortened_from(pcg, found, keep) for keep in KEPT]
             runs = [blocks(p, least=keep - 1).run for (p, _), keep in zip(made, KEPT, strict=True)]
             a, c = runs
-            if a is not None and c is not None and (a.start, a.period, a.end + a.period) == (c.start, c.period, c.end):
+            if a is not None and c is not None and (a.start, a.period, a.end + a.period) == (c.start, c.period, c.end) \
+                    and _placed_alike(pcg, views, found):
                 self.short = [(p, tuple(views[o] for o in origin)) for p, origin in made]
                 self.run, self.dropped = a, found.run.count - KEPT[0]
         self._tables: dict[bool, tuple] = {}
@@ -122,6 +123,13 @@ class _Tries:
             return None
         b = self.chosen.baseline
         return Candidate(replace(b, description=f"{b.description}; {train.zero_text}"), self.chosen.views, report)
+
+
+def _placed_alike(pcg: PCG, views: Sequence[MachineView], found: Blocks) -> bool:
+    """Whether each block of the run is placed as the one before it (its nodes' views and
+    their weights' alike): only then does a shortened plan price as the whole one."""
+    like = likes(pcg, found)
+    return all((k := like(i, 1)) is None or views[k] == views[i] for i in range(len(pcg)))
 
 
 def restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, stages: Sequence[int]) -> SearchResult:
