@@ -14,8 +14,9 @@ The search plans at one step shape (``search/step.py``). Its plan is then priced
    sharded; or an update on a shard may pay for one class and not for another. One pass,
    each class once: a greedy walk, not every combination (4 ** classes).
 
-Each try counts memory before it simulates. On a graph of repeated blocks (``ir/blocks.py``)
-the plan is shortened to :data:`~.uniform.KEPT` of them, with its views: memory is the
+Each try counts memory before it simulates. On a graph of repeated blocks (``ir/blocks.py``),
+each placed as the one before it, the plan is shortened to :data:`~.uniform.KEPT` of them,
+with its views: memory is the
 shortened table with the last block's rows repeated (exactly the whole graph's), and the
 step time is extrapolated from two depths, as the uniform sweep prices
 (``search/uniform.py``; within 1 % of the whole graph's, ``tests/search/test_stages.py``).
