@@ -138,6 +138,13 @@ class Training:
             out["recompute_segments"] = self.recompute_segments
         return out
 
+    @staticmethod
+    def from_json(fields: Mapping) -> Training:
+        """:meth:`to_json`'s fields (among others: a plan's config, a row of its table) read back."""
+        return Training(int(fields.get("zero", 0)), int(fields.get("micro_batches", 1)),
+                        Recompute(fields.get("recompute", Recompute.NONE)), int(fields.get("recompute_segments", 0)),
+                        tuple((p, z) for p, z in fields.get("zero_by_weight", ())))
+
     def describe(self) -> str:
         parts = []
         if self.sharded:

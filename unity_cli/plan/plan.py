@@ -109,10 +109,7 @@ class Plan:
     def training(self) -> Training:
         """The step's micro-batches, ZeRO stage and recomputation (``ir/training.py``; the
         defaults in plans that do not name them)."""
-        return Training(int(self.config.get("zero", 0)), int(self.config.get("micro_batches", 1)),
-                        Recompute(self.config.get("recompute", Recompute.NONE)),
-                        int(self.config.get("recompute_segments", 0)),
-                        tuple((p, z) for p, z in self.config.get("zero_by_weight", ())))
+        return Training.from_json(self.config)
 
     @property
     def comm_bytes(self) -> list[int] | None:

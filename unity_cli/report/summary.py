@@ -62,8 +62,8 @@ def summary(plan: Plan, plan_path: str | None, notes: list[str], baseline: Mappi
     micro = {b.get("micro_batches", 1) for b in plan.baselines.values()}
     if micro != {1} and len(micro) == 1:
         lines.append(f"  every row: {micro.pop()} micro-batches of {plan.model.get('batch_size')} per step")
-    stages = {name: Training(b.get("zero", 0), zero_by_weight=tuple(map(tuple, b.get("zero_by_weight", ()))))
-              for name, b in plan.baselines.items()}
+    stages = {name: replace(Training.from_json(b), micro_batches=1, recompute=Recompute.NONE, recompute_segments=0)
+              for name, b in plan.baselines.items()}      # (each row's stages alone)
     for t in sorted({t for t in stages.values() if t.sharded}, key=lambda t: (t.zero, t.zero_by_weight)):
         names = [name for name, s in stages.items() if s == t]
         words = "each weight at the stage of the last pattern naming it" if t.mixed else ZERO_WORDS[t.zero]
@@ -135,8 +135,7 @@ def sync_summary(plan: Plan) -> dict[str, Any]:
                            "zero": next(iter(used)) if len(used) == 1 else plan.training.zero}
     if len(used) > 1:
         out["stages"] = {str(z): {"all_reduces": sum(b.zero == z for b in buckets),
-                                  "bytes": sum(b.nbytes for b in buckets if b.zero == z)}
-                         for z in sorted({b.zero for b in buckets})}
+                                  "bytes": sum(b.nbytes for b in buckets if b.zero == z)} for z in sorted(used)}
     return out
 
 

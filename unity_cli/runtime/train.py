@@ -26,6 +26,7 @@ from ..cluster.units import format_bytes
 from ..errors import PlanError, RunError, UnityError, UsageError
 from ..files import check_output
 from ..ir.schedule import planned_loss
+from ..ir.training import Training
 from ..plan.plan import Plan, load_plan
 from .check import CheckResult, Reference
 from .comm import Comm, mpi
@@ -143,11 +144,9 @@ class RunReport:
             how = (f"in buckets of at least {format_bytes(size)}, each started during backward" if size
                    else "after backward, one flat buffer per group")
             zero = self.sync.get("zero", 0)
-            if by_weight := self.sync.get("zero_by_weight"):
-                named = ", ".join(f"ZeRO-{z} for {p}" for p, z in by_weight[:3])
-                more = f" and {len(by_weight) - 3} more" if len(by_weight) > 3 else ""
+            if self.sync.get("zero_by_weight"):
                 lines.append(f"sync     {n} gradient all-reduces or reduce-scatters per step on rank 0, each "
-                             f"bucket's by its weights' ZeRO stage: ZeRO-{zero}, {named}{more}")
+                             f"bucket's by its weights' ZeRO stage: {Training.from_json(self.sync).zero_text}")
             elif zero >= 2:
                 then = ("and an all-gather of the updated shards after the update" if zero == 2 else
                         "each weight gathered before each pass that reads it")

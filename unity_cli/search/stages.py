@@ -114,7 +114,10 @@ class _Tries:
     def best(self, trains: Sequence[Training]) -> tuple[float, Training] | None:
         """The fastest of ``trains`` that fits, with its time (None: none fits)."""
         timed = [(self.time(t), k, t) for k, t in enumerate(trains) if self.fits(t)]
-        return (min(timed)[0], min(timed)[2]) if timed else None
+        if not timed:
+            return None
+        seconds, _, train = min(timed)
+        return seconds, train
 
     def whole(self, train: Training, than: Candidate) -> Candidate | None:
         """The plan under ``train`` priced on the whole graph, where it fits and is faster than ``than``."""
@@ -148,15 +151,15 @@ def restaged(result: SearchResult, cluster: ClusterSpec, config: CostConfig, sta
     if other is not None and other[0] < now * (1 - 1e-9):
         now, train = other
         moves.append(train)
+    # each class in turn, from the step's stage (a stage the options fixed, or stages already
+    # named per weight, are kept as they are)
     pcg = chosen.baseline.pcg
-    names = weight_names(pcg)
-    classes = [class_patterns(c, list(names.values())) for c in weight_classes(pcg)]
-    free = len(stages) > 1          # (a stage the options fixed is every weight's)
-    for patterns in classes if free and len(classes) > 1 else ():     # (one class: its stage is the step's)
-        first = next(i for i, name in names.items() if fnmatchcase(name, patterns[0]))
-        at = train.stages(pcg)[first]
+    walk = len(stages) > 1 and not train.zero_by_weight
+    names = list(weight_names(pcg).values())
+    classes = [class_patterns(c, names) for c in weight_classes(pcg)] if walk else []
+    for patterns in classes if len(classes) > 1 else ():     # (one class: its stage is the step's)
         got = tries.best([replace(train, zero_by_weight=train.zero_by_weight + tuple((p, z) for p in patterns))
-                          for z in ZERO_STAGES if z != at])
+                          for z in ZERO_STAGES if z != train.zero])
         if got is not None and got[0] < now * (1 - 1e-9):
             now, train = got
             moves.append(train)
@@ -186,13 +189,14 @@ def class_patterns(names: Sequence[str], every: Collection[str]) -> tuple[str, .
     """Patterns (``ir/training.Training.zero_by_weight``) that name ``names`` and no other
     of ``every``: a name with each run of digits made ``*`` (``layers.*.mlp.up.weight``)
     where that names no weight outside, else the name itself."""
-    mine, out, covered = set(names), [], set()
+    mine, out, covered, refused = set(names), [], set(), set()
     for name in names:
         if name in covered:
             continue
         pattern = re.sub(r"\d+", "*", literal(name))
-        hits = {other for other in every if fnmatchcase(other, pattern)}
-        if not hits <= mine:
+        hits = set() if pattern in refused else {other for other in every if fnmatchcase(other, pattern)}
+        if not hits or not hits <= mine:      # (names whose digits are no layer's: each its own)
+            refused.add(pattern)
             pattern, hits = literal(name), {name}
         out.append(pattern)
         covered |= hits
